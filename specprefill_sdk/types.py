@@ -1,0 +1,353 @@
+"""The data that flows between the stages: Prompt -> TokenScores -> Selection -> CompressedPrompt -> Completion.
+
+All of these are plain, immutable dataclasses. Token indices are positions in the *target's*
+tokenization of the prompt, 0-based; ``n`` is always the original prompt length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+
+from .errors import InvalidRequestError
+
+__all__ = [
+    "CompletionChunk",
+    "Completion",
+    "CompressedPrompt",
+    "FinishReason",
+    "Message",
+    "Prompt",
+    "SamplingParams",
+    "Selection",
+    "Timings",
+    "TokenScores",
+    "Usage",
+]
+
+FinishReason = Literal["stop", "length"]
+
+#: Role given to tokens that belong to no message (chat-template glue, generation prompt).
+TEMPLATE_ROLE = "template"
+#: Role given to every token of a plain-text prompt.
+TEXT_ROLE = "text"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One chat message. ``role`` is free text (``system``, ``user``, ``assistant``, ``tool``, ...)."""
+
+    role: str
+    content: str
+
+    @classmethod
+    def coerce(cls, value: Message | Mapping[str, Any]) -> Message:
+        """Accept a `Message` or an OpenAI-style ``{"role": ..., "content": ...}`` mapping."""
+        if isinstance(value, Message):
+            return value
+        if not isinstance(value, Mapping):
+            raise InvalidRequestError(f"a message must be a mapping with 'role' and 'content', got {value!r}")
+        role, content = value.get("role"), value.get("content")
+        if not isinstance(role, str) or not role:
+            raise InvalidRequestError("every message needs a non-empty string 'role'", param="messages")
+        if isinstance(content, list):  # OpenAI content parts: keep the text parts, refuse the rest
+            texts = []
+            for part in content:
+                if not isinstance(part, Mapping) or part.get("type") != "text":
+                    raise InvalidRequestError("only text content parts are supported", param="messages")
+                texts.append(str(part.get("text", "")))
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise InvalidRequestError("every message needs a string 'content'", param="messages")
+        return cls(role=role, content=content)
+
+    def to_dict(self) -> dict[str, str]:
+        return {"role": self.role, "content": self.content}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt with per-token provenance.
+
+    ``token_ids`` are ids of the target model's tokenizer. For each token: ``message_index`` (the
+    message it came from, -1 for template glue), ``roles`` (that message's role, ``"template"`` for
+    glue, ``"text"`` for a plain-text prompt), ``offsets`` (character span in ``text``), ``special``
+    (a special/added token of the tokenizer) and ``protected`` (the caller asked to keep it).
+    ``generation_start`` is the index where the generation prompt (e.g. ``<|im_start|>assistant\\n``)
+    begins; equal to ``n`` when there is none.
+    """
+
+    token_ids: tuple[int, ...]
+    text: str
+    roles: tuple[str, ...]
+    message_index: tuple[int, ...]
+    offsets: tuple[tuple[int, int], ...]
+    special: tuple[bool, ...]
+    protected: tuple[bool, ...]
+    generation_start: int
+    messages: tuple[Message, ...] | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.token_ids)
+        for name in ("roles", "message_index", "offsets", "special", "protected"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"Prompt.{name} has {len(getattr(self, name))} entries for {n} tokens")
+        if not 0 <= self.generation_start <= n:
+            raise ValueError(f"generation_start {self.generation_start} outside [0, {n}]")
+
+    @property
+    def n(self) -> int:
+        """The number of prompt tokens."""
+        return len(self.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @classmethod
+    def from_token_ids(cls, token_ids: Sequence[int], *, text: str = "") -> Prompt:
+        """A prompt made of bare token ids (no text offsets, no roles)."""
+        ids = tuple(int(t) for t in token_ids)
+        n = len(ids)
+        return cls(
+            token_ids=ids,
+            text=text,
+            roles=(TEXT_ROLE,) * n,
+            message_index=(0,) * n,
+            offsets=((0, 0),) * n,
+            special=(False,) * n,
+            protected=(False,) * n,
+            generation_start=n,
+        )
+
+    def with_protected(self, mask: Sequence[bool]) -> Prompt:
+        """A copy whose protected mask is ``mask`` OR the current one."""
+        if len(mask) != self.n:
+            raise InvalidRequestError(f"protected mask has {len(mask)} entries for {self.n} tokens")
+        merged = tuple(bool(a) or bool(b) for a, b in zip(self.protected, mask, strict=True))
+        return replace(self, protected=merged)
+
+    def ids_tensor(self) -> torch.Tensor:
+        """The token ids as a 1-D int64 tensor."""
+        return torch.tensor(self.token_ids, dtype=torch.long)
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """One importance score per prompt token (float32, length ``n``); larger means more important."""
+
+    values: torch.Tensor
+    scorer: str = ""
+    info: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.values.dim() != 1:
+            raise ValueError(f"TokenScores.values must be 1-D, got shape {tuple(self.values.shape)}")
+        if self.values.dtype != torch.float32:
+            object.__setattr__(self, "values", self.values.float())
+        if self.values.device.type != "cpu":
+            object.__setattr__(self, "values", self.values.cpu())
+
+    def __len__(self) -> int:
+        return int(self.values.shape[0])
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The kept token indices (sorted, unique) of a prompt of length ``n``.
+
+    ``protected[i]`` tells whether ``indices[i]`` was kept by protection rather than by its score.
+    ``dense`` marks a decision to prefill everything (keep-all or a short prompt).
+    """
+
+    indices: tuple[int, ...]
+    n: int
+    protected: tuple[bool, ...]
+    dense: bool = False
+    requested_rate: float | None = None
+    chunk_size: int | None = None
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.protected) != len(self.indices):
+            raise ValueError("Selection.protected must have one entry per kept index")
+        if any(b <= a for a, b in zip(self.indices, self.indices[1:], strict=False)):
+            raise ValueError("Selection.indices must be strictly increasing")
+        if self.indices and not (0 <= self.indices[0] and self.indices[-1] < self.n):
+            raise ValueError(f"Selection.indices must lie in [0, {self.n})")
+
+    @classmethod
+    def keep_all(cls, n: int, *, reason: str = "keep-all") -> Selection:
+        """The dense selection: every token kept."""
+        return cls(indices=tuple(range(n)), n=n, protected=(False,) * n, dense=True, requested_rate=1.0,
+                   reason=reason)
+
+    @property
+    def kept(self) -> int:
+        """The number of kept tokens."""
+        return len(self.indices)
+
+    @property
+    def keep_ratio(self) -> float:
+        """kept / n (1.0 for an empty prompt)."""
+        return self.kept / self.n if self.n else 1.0
+
+    @property
+    def protected_count(self) -> int:
+        return sum(self.protected)
+
+    def mask(self) -> torch.Tensor:
+        """A boolean mask of length ``n``, True where kept."""
+        m = torch.zeros(self.n, dtype=torch.bool)
+        if self.indices:
+            m[list(self.indices)] = True
+        return m
+
+
+@dataclass(frozen=True)
+class CompressedPrompt:
+    """What the target prefills: kept ids at their original positions, and the original length ``n``.
+
+    Decoding continues at position ``n`` (not ``len(token_ids)``).
+    """
+
+    token_ids: tuple[int, ...]
+    position_ids: tuple[int, ...]
+    n: int
+    prompt: Prompt | None = None
+    selection: Selection | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.position_ids):
+            raise InvalidRequestError(
+                f"token_ids ({len(self.token_ids)}) and position_ids ({len(self.position_ids)}) differ in length",
+                param="position_ids",
+            )
+        if not self.token_ids:
+            raise InvalidRequestError("the compressed prompt is empty", param="prompt_token_ids")
+        pos = self.position_ids
+        if pos[0] < 0 or any(b <= a for a, b in zip(pos, pos[1:], strict=False)):
+            raise InvalidRequestError("position_ids must be non-negative and strictly increasing",
+                                      param="position_ids")
+        if pos[-1] >= self.n:
+            raise InvalidRequestError(f"position_ids must be below n={self.n}", param="position_ids")
+
+    @classmethod
+    def from_selection(cls, prompt: Prompt, selection: Selection) -> CompressedPrompt:
+        if selection.n != prompt.n:
+            raise ValueError(f"selection is for {selection.n} tokens, prompt has {prompt.n}")
+        ids = tuple(prompt.token_ids[i] for i in selection.indices)
+        return cls(token_ids=ids, position_ids=selection.indices, n=prompt.n, prompt=prompt, selection=selection)
+
+    @classmethod
+    def dense(cls, prompt: Prompt) -> CompressedPrompt:
+        return cls.from_selection(prompt, Selection.keep_all(prompt.n))
+
+    @property
+    def kept(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def keep_ratio(self) -> float:
+        return self.kept / self.n if self.n else 1.0
+
+    @property
+    def is_dense(self) -> bool:
+        return self.kept == self.n
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Decoding parameters. ``temperature == 0`` means greedy; ``seed`` makes sampling reproducible."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        else:
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
+                                      param="max_tokens")
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)) \
+                or self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}",
+                                      param="temperature")
+        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidRequestError("stop must be non-empty strings", param="stop")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts. ``prompt_tokens`` is the original prompt length n; ``kept_tokens`` what was prefilled."""
+
+    prompt_tokens: int
+    kept_tokens: int
+    completion_tokens: int
+
+    @property
+    def keep_ratio(self) -> float:
+        return self.kept_tokens / self.prompt_tokens if self.prompt_tokens else 1.0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Wall-clock times in milliseconds. ``ttft`` runs from the call to the first generated token."""
+
+    score: float = 0.0
+    select: float = 0.0
+    prefill: float = 0.0
+    ttft: float = 0.0
+    total: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {"score": self.score, "select": self.select, "prefill": self.prefill, "ttft": self.ttft,
+                "total": self.total}
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished generation."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    timings: Timings = field(default_factory=Timings)
+    model: str = ""
+    draft: str | None = None
+    fallback: str | None = None
+    selection: Selection | None = None
+
+    @property
+    def keep_ratio(self) -> float:
+        return self.usage.keep_ratio
+
+
+@dataclass(frozen=True)
+class CompletionChunk:
+    """A streamed piece: a text delta and its token ids. The last chunk has ``finish_reason`` set and
+    carries the whole `Completion` (usage, timings) in ``completion``."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    finish_reason: FinishReason | None = None
+    completion: Completion | None = None
