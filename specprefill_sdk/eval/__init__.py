@@ -1,0 +1,1 @@
+"""Evaluation: RULER-style tasks from real text shipped in PyPI packages, and the harness that runs them."""
