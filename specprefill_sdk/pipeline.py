@@ -14,16 +14,18 @@ import asyncio
 import logging
 import threading
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
 from .errors import ContextTooLongError, InvalidRequestError, SpecPrefillError
 from .interfaces import Backend, Scorer, Selector
 from .prompt import PromptInput, build_prompt
-from .tracing import Telemetry, set_attributes
+from .tracing import Telemetry, error_type, mark_cancelled, record_error, set_attributes
 from .types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, Timings
 
 if TYPE_CHECKING:
@@ -36,6 +38,21 @@ logger = logging.getLogger(__name__)
 
 def _ms(start: float) -> float:
     return (time.perf_counter() - start) * 1000.0
+
+
+def _metric_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
+    # Metric attributes stay low-cardinality: the GenAI dimensions of the inference span only.
+    return {k: attributes[k] for k in _METRIC_KEYS if attributes.get(k) is not None}
+
+
+_METRIC_KEYS = (
+    "gen_ai.operation.name",
+    "gen_ai.provider.name",
+    "gen_ai.request.model",
+    "server.address",
+    "server.port",
+)
+_DONE = object()
 
 
 @dataclass(frozen=True)
@@ -128,12 +145,15 @@ class Pipeline:
             return Compression(CompressedPrompt.from_selection(prompt, decided), 0.0, select_ms)
         fallback: str | None = None
         t0 = time.perf_counter()
-        with tel.span("specprefill.score", {
-            "specprefill.scorer": self.scorer.name,
-            "specprefill.draft.model": self.draft_name,
-            "specprefill.prompt_tokens": prompt.n,
-            "specprefill.look_ahead": getattr(self.scorer, "look_ahead", None),
-        }) as span:
+        with tel.span(
+            "specprefill.score",
+            {
+                "specprefill.scorer": self.scorer.name,
+                "specprefill.draft.model": self.draft_name,
+                "specprefill.prompt_tokens": prompt.n,
+                "specprefill.look_ahead": getattr(self.scorer, "look_ahead", None),
+            },
+        ) as span:
             try:
                 with self._score_lock:
                     scores = self.scorer.score(prompt)
@@ -142,12 +162,13 @@ class Pipeline:
                     raise
                 fallback = f"scorer_error: {type(exc).__name__}: {exc}"
                 logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
-                span.add_event("specprefill.fallback", {"specprefill.fallback.reason": fallback,
-                                                        "error.type": type(exc).__qualname__})
-                tel.fallbacks.add(1, {"reason": "scorer_error"})
+                span.add_event(
+                    "specprefill.fallback", {"specprefill.fallback.reason": fallback, "error.type": error_type(exc)}
+                )
+                tel.fallbacks.add(1, self._fallback_metric_attributes("scorer_error"))
                 scores = None
         score_ms = _ms(t0)
-        tel.score_time.record(score_ms)
+        tel.score_time.record(score_ms, self._score_metric_attributes())
         t0 = time.perf_counter()
         with tel.span("specprefill.select", {"specprefill.selector": self.selector.name}) as span:
             if scores is None:
@@ -157,17 +178,30 @@ class Pipeline:
             self._select_attributes(span, selection)
         return Compression(CompressedPrompt.from_selection(prompt, selection), score_ms, _ms(t0), fallback)
 
+    def _score_metric_attributes(self) -> dict[str, Any]:
+        return {
+            k: v
+            for k, v in (("specprefill.scorer", self.scorer.name), ("specprefill.draft.model", self.draft_name))
+            if v is not None
+        }
+
+    def _fallback_metric_attributes(self, reason: str) -> dict[str, Any]:
+        return {"specprefill.fallback.reason": reason, "gen_ai.request.model": self.backend.model_name}
+
     @staticmethod
     def _select_attributes(span: Any, selection: Selection) -> None:
-        set_attributes(span, {
-            "specprefill.keep_rate.requested": selection.requested_rate,
-            "specprefill.keep_rate.actual": selection.keep_ratio,
-            "specprefill.kept_tokens": selection.kept,
-            "specprefill.protected_tokens": selection.protected_count,
-            "specprefill.prompt_tokens": selection.n,
-            "specprefill.dense": selection.dense,
-            "specprefill.reason": selection.reason or None,
-        })
+        set_attributes(
+            span,
+            {
+                "specprefill.keep_rate.requested": selection.requested_rate,
+                "specprefill.keep_rate.actual": selection.keep_ratio,
+                "specprefill.kept_tokens": selection.kept,
+                "specprefill.protected_tokens": selection.protected_count,
+                "specprefill.prompt_tokens": selection.n,
+                "specprefill.dense": selection.dense,
+                "specprefill.reason": selection.reason or None,
+            },
+        )
 
     def compress(self, prompt: PromptInput | Prompt) -> CompressedPrompt:
         """Score and select without generating: the kept ids and their original positions."""
@@ -190,49 +224,108 @@ class Pipeline:
     def _operation(self, prompt: Prompt) -> str:
         return "chat" if prompt.messages is not None else "text_completion"
 
-    def _inference_attributes(self, prompt: Prompt, comp: Compression, params: SamplingParams) -> dict[str, Any]:
-        op = self._operation(prompt)
+    def _server_attributes(self) -> dict[str, Any]:
+        base_url = getattr(self.backend, "base_url", None)
+        if not base_url:
+            return {}
+        url = urllib.parse.urlsplit(str(base_url))
+        try:
+            port = url.port or {"http": 80, "https": 443}.get(url.scheme)
+        except ValueError:
+            port = None
+        return {"server.address": url.hostname, "server.port": port}
+
+    def _inference_attributes(
+        self,
+        operation: str,
+        params: SamplingParams,
+        input_tokens: int,
+        *,
+        stream: bool,
+        conversation_id: str | None = None,
+    ) -> dict[str, Any]:
         return {
-            "gen_ai.operation.name": op,
+            "gen_ai.operation.name": operation,
             "gen_ai.provider.name": getattr(self.backend, "provider_name", "specprefill"),
             "gen_ai.request.model": self.backend.model_name,
+            "gen_ai.conversation.id": conversation_id,
             "gen_ai.request.max_tokens": params.max_tokens,
             "gen_ai.request.temperature": params.temperature,
             "gen_ai.request.top_p": params.top_p,
             "gen_ai.request.seed": params.seed,
-            "gen_ai.usage.input_tokens": comp.compressed.kept,
+            "gen_ai.request.stop_sequences": params.stop or None,
+            "gen_ai.request.stream": stream,
+            "gen_ai.usage.input_tokens": input_tokens,
+            **self._server_attributes(),
         }
 
-    def _finish(self, result: Completion, comp: Compression, t0: float, backend_start: float) -> Completion:
+    def _finish(
+        self, result: Completion, comp: Compression, t0: float, backend_start: float, metric_attributes: dict[str, Any]
+    ) -> Completion:
         total = _ms(t0)
         ttft = (backend_start - t0) * 1000.0 + result.timings.ttft
         sel = comp.compressed.selection
         completion = replace(
             result,
-            timings=Timings(score=comp.score_ms, select=comp.select_ms, prefill=result.timings.prefill, ttft=ttft,
-                            total=total),
+            timings=Timings(
+                score=comp.score_ms, select=comp.select_ms, prefill=result.timings.prefill, ttft=ttft, total=total
+            ),
             draft=self.draft_name if comp.score_ms > 0 or comp.fallback else result.draft,
             fallback=comp.fallback or result.fallback,
             selection=sel,
         )
         tel = self.telemetry
-        tel.ttft.record(ttft)
-        tel.keep_ratio.record(completion.usage.keep_ratio)
-        tel.prompt_tokens.add(completion.usage.prompt_tokens)
-        tel.kept_tokens.add(completion.usage.kept_tokens)
+        model = {"gen_ai.request.model": self.backend.model_name}
+        tel.ttft.record(ttft, model)
+        tel.keep_ratio.record(completion.usage.keep_ratio, model)
+        tel.prompt_tokens.add(completion.usage.prompt_tokens, model)
+        tel.kept_tokens.add(completion.usage.kept_tokens, model)
+        if result.fallback and not comp.fallback:
+            tel.fallbacks.add(1, self._fallback_metric_attributes("backend"))
+        response = (
+            {**metric_attributes, "gen_ai.response.model": completion.model} if completion.model else metric_attributes
+        )
+        usage = completion.usage
+        tel.token_usage.record(usage.kept_tokens, {**response, "gen_ai.token.type": "input"})
+        tel.token_usage.record(usage.completion_tokens, {**response, "gen_ai.token.type": "output"})
         return completion
 
-    def _record_inference(self, span: Any, completion: Completion) -> None:
-        set_attributes(span, {
-            "gen_ai.response.model": completion.model or None,
-            "gen_ai.usage.output_tokens": completion.usage.completion_tokens,
-            "gen_ai.response.finish_reasons": (completion.finish_reason,),
-            "specprefill.time_to_first_chunk_ms": completion.timings.ttft,
-        })
+    def _record_inference(self, span: Any, completion: Completion, first_chunk_s: float | None) -> None:
+        set_attributes(
+            span,
+            {
+                "gen_ai.response.model": completion.model or None,
+                "gen_ai.usage.output_tokens": completion.usage.completion_tokens,
+                "gen_ai.response.finish_reasons": (completion.finish_reason,),
+                "gen_ai.response.time_to_first_chunk": first_chunk_s,
+            },
+        )
+        if completion.fallback and span.is_recording():
+            span.add_event("specprefill.fallback", {"specprefill.fallback.reason": completion.fallback})
+
+    @staticmethod
+    def _record_root(root: Any, completion: Completion) -> None:
+        set_attributes(
+            root,
+            {
+                "specprefill.kept_tokens": completion.usage.kept_tokens,
+                "specprefill.keep_ratio": completion.usage.keep_ratio,
+                "specprefill.ttft_ms": completion.timings.ttft,
+            },
+        )
+
+    def _record_duration(
+        self, start: float, metric_attributes: dict[str, Any], exc: BaseException | None = None
+    ) -> None:
+        attributes = metric_attributes if exc is None else {**metric_attributes, "error.type": error_type(exc)}
+        self.telemetry.operation_duration.record(time.perf_counter() - start, attributes)
 
     def _root_attributes(self, prompt: Prompt, conversation_id: str | None) -> dict[str, Any]:
-        return {"specprefill.prompt_tokens": prompt.n, "gen_ai.conversation.id": conversation_id,
-                "gen_ai.request.model": self.backend.model_name}
+        return {
+            "specprefill.prompt_tokens": prompt.n,
+            "gen_ai.conversation.id": conversation_id,
+            "gen_ai.request.model": self.backend.model_name,
+        }
 
     def generate(
         self,
@@ -257,13 +350,22 @@ class Pipeline:
             comp = self._compress(p)
             if comp.fallback:
                 root.add_event("specprefill.fallback", {"specprefill.fallback.reason": comp.fallback})
-            attrs = self._inference_attributes(p, comp, sp)
-            with tel.span(f"{attrs['gen_ai.operation.name']} {self.backend.model_name}", attrs,
-                          kind=SpanKind.CLIENT) as span:
+            op = self._operation(p)
+            attrs = self._inference_attributes(
+                op, sp, comp.compressed.kept, stream=False, conversation_id=conversation_id
+            )
+            mattrs = _metric_attributes(attrs)
+            with tel.span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT) as span:
                 backend_start = time.perf_counter()
-                result = self.backend.generate(comp.compressed, sp)
-                completion = self._finish(result, comp, t0, backend_start)
-                self._record_inference(span, completion)
+                try:
+                    result = self.backend.generate(comp.compressed, sp)
+                except BaseException as exc:
+                    self._record_duration(backend_start, mattrs, exc)
+                    raise
+                self._record_duration(backend_start, mattrs)
+                completion = self._finish(result, comp, t0, backend_start, mattrs)
+                self._record_inference(span, completion, result.timings.ttft / 1000.0)
+            self._record_root(root, completion)
             return completion
 
     def stream(
@@ -282,29 +384,76 @@ class Pipeline:
         sp = self._params(params, sampling)
         p = self.prompt(prompt)
         self._check_length(p, sp)
-        return self._stream(p, sp, t0, conversation_id)
+        # The spans' parent is the caller's context now, not whatever is current at the first next().
+        return self._stream(p, sp, t0, conversation_id, otel_context.get_current())
 
-    def _stream(self, p: Prompt, sp: SamplingParams, t0: float,
-                conversation_id: str | None) -> Iterator[CompletionChunk]:
+    def _stream(
+        self, p: Prompt, sp: SamplingParams, t0: float, conversation_id: str | None, parent: otel_context.Context
+    ) -> Iterator[CompletionChunk]:
+        # The spans are attached to the context only around our own work, never across a yield:
+        # a span left current while the consumer runs would parent the consumer's spans, and an
+        # async consumer resumes this generator in other contexts, where the detach would fail.
         tel = self.telemetry
-        with tel.span("specprefill.pipeline", self._root_attributes(p, conversation_id)) as root:
-            comp = self._compress(p)
-            if comp.fallback:
-                root.add_event("specprefill.fallback", {"specprefill.fallback.reason": comp.fallback})
-            attrs = self._inference_attributes(p, comp, sp)
-            with tel.span(f"{attrs['gen_ai.operation.name']} {self.backend.model_name}", attrs,
-                          kind=SpanKind.CLIENT) as span:
-                backend_start = time.perf_counter()
-                first = True
-                for chunk in self.backend.stream(comp.compressed, sp):
-                    if first and (chunk.text or chunk.token_ids):
-                        first = False
-                        span.add_event("gen_ai.first_chunk")
-                    if chunk.completion is not None:
-                        completion = self._finish(chunk.completion, comp, t0, backend_start)
-                        self._record_inference(span, completion)
-                        chunk = replace(chunk, completion=completion)
-                    yield chunk
+        root = tel.start_span("specprefill.pipeline", self._root_attributes(p, conversation_id), context=parent)
+        span = None
+        chunks: Iterator[CompletionChunk] | None = None
+        failed: BaseException | None = None
+        try:
+            with tel.activate(root):
+                comp = self._compress(p)
+                if comp.fallback:
+                    root.add_event("specprefill.fallback", {"specprefill.fallback.reason": comp.fallback})
+                op = self._operation(p)
+                attrs = self._inference_attributes(
+                    op, sp, comp.compressed.kept, stream=True, conversation_id=conversation_id
+                )
+                mattrs = _metric_attributes(attrs)
+                span = tel.start_span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT)
+            backend_start = time.perf_counter()
+            first_chunk_s: float | None = None
+            with tel.activate(span):
+                chunks = iter(self.backend.stream(comp.compressed, sp))
+            while True:
+                with tel.activate(span):
+                    chunk = next(chunks, _DONE)
+                if chunk is _DONE:
+                    break
+                assert isinstance(chunk, CompletionChunk)
+                if first_chunk_s is None and (chunk.text or chunk.token_ids):
+                    first_chunk_s = time.perf_counter() - backend_start
+                    span.add_event("gen_ai.first_chunk")
+                    tel.time_to_first_chunk.record(first_chunk_s, mattrs)
+                if chunk.completion is not None:
+                    self._record_duration(backend_start, mattrs)
+                    completion = self._finish(chunk.completion, comp, t0, backend_start, mattrs)
+                    self._record_inference(span, completion, first_chunk_s)
+                    self._record_root(root, completion)
+                    chunk = replace(chunk, completion=completion)
+                yield chunk
+        except GeneratorExit:
+            for s in (span, root):
+                if s is not None:
+                    mark_cancelled(s)
+            raise
+        except BaseException as exc:
+            failed = exc
+            if span is not None:
+                self._record_duration(backend_start, mattrs, exc)
+                record_error(span, exc)
+            record_error(root, exc)
+            raise
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                try:
+                    with tel.activate(span or root):
+                        close()
+                except Exception:
+                    if failed is None:
+                        raise
+            if span is not None:
+                span.end()
+            root.end()
 
     async def agenerate(
         self,
@@ -326,8 +475,7 @@ class Pipeline:
         **sampling: Any,
     ) -> AsyncIterator[CompletionChunk]:
         """Async `stream`. Each step of the synchronous stream runs in a worker thread."""
-        iterator = await asyncio.to_thread(self.stream, prompt, params, conversation_id=conversation_id,
-                                           **sampling)
+        iterator = await asyncio.to_thread(self.stream, prompt, params, conversation_id=conversation_id, **sampling)
         done = object()
         try:
             while True:
@@ -361,8 +509,14 @@ class Pipeline:
         for p in built:
             self._check_length(p, sp)
         tel = self.telemetry
-        with tel.span("specprefill.pipeline", {"specprefill.batch_size": len(built),
-                                               "gen_ai.request.model": self.backend.model_name}):
+        with tel.span(
+            "specprefill.pipeline",
+            {
+                "specprefill.batch_size": len(built),
+                "specprefill.prompt_tokens": sum(p.n for p in built),
+                "gen_ai.request.model": self.backend.model_name,
+            },
+        ) as root:
             decided = [self.selector.decide_without_scores(p) for p in built]
             todo = [i for i, d in enumerate(decided) if d is None]
             comps: list[Compression | None] = [
@@ -372,8 +526,16 @@ class Pipeline:
             if todo:
                 ts = time.perf_counter()
                 fallback = None
-                with tel.span("specprefill.score", {"specprefill.scorer": self.scorer.name,
-                                                    "specprefill.batch_size": len(todo)}) as span:
+                with tel.span(
+                    "specprefill.score",
+                    {
+                        "specprefill.scorer": self.scorer.name,
+                        "specprefill.draft.model": self.draft_name,
+                        "specprefill.batch_size": len(todo),
+                        "specprefill.prompt_tokens": sum(built[i].n for i in todo),
+                        "specprefill.look_ahead": getattr(self.scorer, "look_ahead", None),
+                    },
+                ) as span:
                     try:
                         with self._score_lock:
                             all_scores: list[Any] = self.scorer.score_batch([built[i] for i in todo])
@@ -381,19 +543,49 @@ class Pipeline:
                         if not self.fallback_on_scorer_error or isinstance(exc, SpecPrefillError):
                             raise
                         fallback = f"scorer_error: {type(exc).__name__}: {exc}"
-                        span.add_event("specprefill.fallback", {"specprefill.fallback.reason": fallback})
-                        tel.fallbacks.add(len(todo), {"reason": "scorer_error"})
+                        logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
+                        span.add_event(
+                            "specprefill.fallback",
+                            {"specprefill.fallback.reason": fallback, "error.type": error_type(exc)},
+                        )
+                        root.add_event("specprefill.fallback", {"specprefill.fallback.reason": fallback})
+                        tel.fallbacks.add(len(todo), self._fallback_metric_attributes("scorer_error"))
                         all_scores = [None] * len(todo)
+                tel.score_time.record(_ms(ts), self._score_metric_attributes())
                 score_ms = _ms(ts) / len(todo)
                 for i, scores in zip(todo, all_scores, strict=True):
                     ts = time.perf_counter()
                     with tel.span("specprefill.select", {"specprefill.selector": self.selector.name}) as span:
-                        sel = (Selection.keep_all(built[i].n, reason="fallback") if scores is None
-                               else self.selector.select(built[i], scores))
+                        sel = (
+                            Selection.keep_all(built[i].n, reason="fallback")
+                            if scores is None
+                            else self.selector.select(built[i], scores)
+                        )
                         self._select_attributes(span, sel)
-                    comps[i] = Compression(CompressedPrompt.from_selection(built[i], sel), score_ms, _ms(ts),
-                                           fallback)
+                    comps[i] = Compression(CompressedPrompt.from_selection(built[i], sel), score_ms, _ms(ts), fallback)
             ready = [c for c in comps if c is not None]
-            backend_start = time.perf_counter()
-            results = self.backend.generate_batch([c.compressed for c in ready], sp)
-            return [self._finish(r, c, t0, backend_start) for r, c in zip(results, ready, strict=True)]
+            ops = {self._operation(p) for p in built}
+            op = ops.pop() if len(ops) == 1 else "chat"
+            attrs = self._inference_attributes(op, sp, sum(c.compressed.kept for c in ready), stream=False)
+            mattrs = _metric_attributes(attrs)
+            with tel.span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT) as span:
+                backend_start = time.perf_counter()
+                try:
+                    results = self.backend.generate_batch([c.compressed for c in ready], sp)
+                except BaseException as exc:
+                    self._record_duration(backend_start, mattrs, exc)
+                    raise
+                self._record_duration(backend_start, mattrs)
+                completions = [
+                    self._finish(r, c, t0, backend_start, mattrs) for r, c in zip(results, ready, strict=True)
+                ]
+                set_attributes(
+                    span,
+                    {
+                        "gen_ai.response.model": completions[0].model or None,
+                        "gen_ai.usage.output_tokens": sum(c.usage.completion_tokens for c in completions),
+                        "gen_ai.response.finish_reasons": tuple(c.finish_reason for c in completions),
+                    },
+                )
+            set_attributes(root, {"specprefill.kept_tokens": sum(c.usage.kept_tokens for c in completions)})
+            return completions
