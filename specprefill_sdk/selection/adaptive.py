@@ -1,0 +1,98 @@
+"""`Adaptive`: keep as many tokens as it takes to cover a share of the score mass, within bounds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidRequestError
+from ..types import Prompt
+from .base import Budget, BudgetSelector, ceil_count, check_int, check_rate
+
+__all__ = ["Adaptive"]
+
+
+@dataclass(frozen=True)
+class Adaptive(BudgetSelector):
+    """Keep the smallest set of tokens holding ``coverage`` of the score mass, clamped to
+    ``[min_rate, max_rate]`` of the prompt; prompts under ``dense_below_tokens`` are prefilled whole.
+
+    A prompt whose importance is concentrated on few tokens keeps few; one whose scores are flat
+    keeps up to ``max_rate``. The mass is measured over the tokens that are not already forced
+    (protected): the attention sink alone often holds most of the attention and is kept anyway.
+    Negative scores are shifted so the smallest is zero; all-zero scores keep ``max_rate``.
+    The dense decision for short prompts needs no scores, so the pipeline skips the draft for them.
+
+    Example::
+
+        Adaptive(coverage=0.9, min_rate=0.05, max_rate=0.5, dense_below_tokens=1024)
+
+    Raises:
+        InvalidRequestError: a rate or the coverage outside (0, 1], ``min_rate > max_rate``, or a
+            negative ``dense_below_tokens``.
+    """
+
+    coverage: float = 0.9
+    min_rate: float = 0.05
+    max_rate: float = 0.5
+    dense_below_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "coverage", check_rate(self.coverage, "coverage", param="coverage"))
+        object.__setattr__(self, "min_rate", check_rate(self.min_rate, "min_rate", param="min_rate"))
+        object.__setattr__(self, "max_rate", check_rate(self.max_rate, "max_rate", param="max_rate"))
+        if self.min_rate > self.max_rate:
+            raise InvalidRequestError(
+                f"min_rate ({self.min_rate:g}) must not exceed max_rate ({self.max_rate:g})", param="min_rate"
+            )
+        check_int(self.dense_below_tokens, "dense_below_tokens", param="dense_below_tokens", minimum=0)
+
+    @property
+    def name(self) -> str:
+        return (
+            f"Adaptive(coverage={self.coverage:g}, min_rate={self.min_rate:g}, max_rate={self.max_rate:g}, "
+            f"dense_below_tokens={self.dense_below_tokens})"
+        )
+
+    def budget(self, prompt: Prompt, values: torch.Tensor | None, forced: torch.Tensor) -> Budget | None:
+        n = prompt.n
+        if n < self.dense_below_tokens:
+            return Budget(count=n, rate=1.0, reason=f"adaptive: dense below {self.dense_below_tokens} tokens")
+        if values is None:
+            return None
+        low = min(n, max(1, ceil_count(self.min_rate * n)))
+        high = min(n, max(low, ceil_count(self.max_rate * n)))
+        n_forced = int(forced.sum())
+        wanted = n_forced + self._covering_count(values[~forced])
+        count = min(max(wanted, low), high)
+        note = ""
+        if wanted < low:
+            note = f", raised to min_rate {self.min_rate:g}"
+        elif wanted > high:
+            note = f", capped at max_rate {self.max_rate:g}"
+        return Budget(
+            count=count,
+            rate=count / n,
+            reason=f"adaptive: {self.coverage:g} of the score mass in {wanted} tokens{note}",
+            by_rate=False,
+        )
+
+    def _covering_count(self, values: torch.Tensor) -> int:
+        """The fewest tokens whose scores sum to ``coverage`` of the total."""
+        if values.numel() == 0:
+            return 0
+        finite = torch.isfinite(values)
+        mass = torch.where(finite, values, torch.zeros_like(values)).to(torch.float64)
+        if finite.any():
+            smallest = mass[finite].min()
+            if smallest < 0:
+                mass = torch.where(finite, mass - smallest, torch.zeros_like(mass))
+        total = float(mass.sum())
+        if total <= 0:
+            return int(values.numel())
+        cumulative = torch.cumsum(torch.sort(mass, descending=True).values, dim=0)
+        # Tolerance: a coverage of 1.0 must not fail on rounding of the cumulative sum.
+        target = torch.tensor([self.coverage * total * (1 - 1e-12)], dtype=torch.float64)
+        index = int(torch.searchsorted(cumulative, target).item())
+        return min(index + 1, int(values.numel()))

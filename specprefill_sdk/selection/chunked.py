@@ -1,0 +1,134 @@
+"""`Chunked`: select whole chunks of consecutive tokens instead of single tokens (the paper's default)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidRequestError
+from ..types import Prompt, Selection, TokenScores
+from .base import (
+    Budget,
+    BudgetSelector,
+    ceil_count,
+    check_int,
+    dense_selection,
+    prompt_protected,
+    score_values,
+    selection_from_mask,
+)
+
+__all__ = ["Chunked"]
+
+
+def chunk_means(values: torch.Tensor, size: int) -> torch.Tensor:
+    """The mean score of each chunk of ``size`` tokens; a shorter last chunk is the mean of its own tokens."""
+    n = int(values.shape[0])
+    chunks = math.ceil(n / size)
+    padded = torch.zeros(chunks * size, dtype=torch.float64)
+    padded[:n] = values.to(torch.float64)
+    lengths = torch.full((chunks,), float(size), dtype=torch.float64)
+    lengths[-1] = n - (chunks - 1) * size
+    means = padded.view(chunks, size).sum(dim=1) / lengths
+    # A chunk holding a -inf score (a NaN from the scorer) ranks last, not as NaN.
+    return torch.nan_to_num(means, nan=-math.inf)
+
+
+@dataclass(frozen=True)
+class Chunked:
+    """Keep whole chunks: split the prompt into chunks of ``size`` tokens, score each chunk by the mean
+    of its tokens, keep the top ``ceil(chunks * rate)`` chunks in prompt order.
+
+    The budget comes from ``inner``, a budget selector: with `KeepRate` the chunk count is
+    ``ceil(chunks * rate)`` (the paper's rule); with a token count (`TokenBudget`, `Adaptive`) it is
+    ``ceil(count / size)``. Either way the budget is rounded up to whole chunks. The last chunk may
+    be shorter than ``size``; its score is the mean of its own tokens (no padding drags it down) and
+    it counts as one chunk.
+
+    Tokens that must be kept (protected, see `Protect`) count toward the budget: the budget is
+    ``ceil(chunks * rate) * size`` tokens, protected tokens outside the chosen chunks use one token
+    each, and chunks are added best first while the budget is not reached.
+
+    Example::
+
+        Chunked(KeepRate(0.1), size=32)  # the paper's selection
+
+    Raises:
+        InvalidRequestError: ``size`` is not an integer >= 1, or ``inner`` is not a budget selector.
+    """
+
+    inner: BudgetSelector
+    size: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, BudgetSelector):
+            raise InvalidRequestError(
+                "Chunked wraps a budget selector (KeepRate, TokenBudget or Adaptive), got "
+                f"{getattr(self.inner, 'name', type(self.inner).__name__)}; to protect tokens write "
+                "Protect(Chunked(...)), not Chunked(Protect(...))",
+                param="selector",
+            )
+        check_int(self.size, "chunk size", param="chunk_size", minimum=1)
+
+    @property
+    def name(self) -> str:
+        return f"Chunked({self.inner.name}, {self.size})"
+
+    def _chunks_to_keep(self, n: int, budget: Budget) -> tuple[int, int]:
+        chunks = math.ceil(n / self.size)
+        wanted = ceil_count(chunks * budget.rate) if budget.by_rate else ceil_count(budget.count / self.size)
+        return chunks, min(chunks, max(1, wanted))
+
+    def decide_without_scores(self, prompt: Prompt) -> Selection | None:
+        """Dense when the inner budget or the chunk count covers the whole prompt (e.g. one chunk)."""
+        forced = prompt_protected(prompt)
+        budget = self.inner.budget(prompt, None, forced)
+        if budget is None:
+            return None
+        chunks, keep = self._chunks_to_keep(prompt.n, budget)
+        if budget.count >= prompt.n or keep >= chunks:
+            reason = f"chunked {self.size} over {budget.reason}: all {chunks} chunks"
+            return dense_selection(forced, reason, requested_rate=budget.rate, chunk_size=self.size)
+        return None
+
+    def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
+        """Keep the best chunks within the inner selector's rate (plus ``prompt.protected``)."""
+        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+        """Keep ``forced`` and add the best chunks until the chunk budget is reached."""
+        values = score_values(prompt, scores)
+        forced = forced.to(torch.bool) | prompt_protected(prompt)
+        n = prompt.n
+        budget = self.inner.budget(prompt, values, forced)
+        if budget is None:  # pragma: no cover - every budget is defined once scores are given
+            raise RuntimeError(f"{self.inner.name} gave no budget although scores were given")
+        chunks, keep_chunks = self._chunks_to_keep(n, budget)
+        if keep_chunks >= chunks or budget.count >= n:
+            return dense_selection(
+                forced,
+                f"chunked {self.size} over {budget.reason}: all {chunks} chunks",
+                requested_rate=budget.rate,
+                chunk_size=self.size,
+            )
+        order = torch.sort(chunk_means(values, self.size), descending=True, stable=True).indices.tolist()
+        padded_forced = torch.zeros(chunks * self.size, dtype=torch.bool)
+        padded_forced[:n] = forced
+        forced_per_chunk = padded_forced.view(chunks, self.size).sum(dim=1).tolist()
+        lengths = [min(self.size, n - c * self.size) for c in range(chunks)]
+        limit = keep_chunks * self.size
+        used = int(forced.sum())  # each chosen chunk costs `size`; a forced token elsewhere costs one
+        keep = forced.clone()
+        chosen = 0
+        for c in order:
+            if used >= limit:
+                break
+            if forced_per_chunk[c] == lengths[c]:
+                continue  # already kept whole by protection: choosing it would add nothing
+            keep[c * self.size : (c + 1) * self.size] = True
+            used += self.size - int(forced_per_chunk[c])
+            chosen += 1
+        reason = f"chunked {self.size} over {budget.reason}: {chosen}/{chunks} chunks"
+        return selection_from_mask(keep, forced, requested_rate=budget.rate, reason=reason, chunk_size=self.size)

@@ -1,0 +1,70 @@
+"""`DenseBelow`: prefill short prompts whole, without running the draft model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import InvalidRequestError
+from ..interfaces import Selector
+from ..types import Prompt, Selection, TokenScores
+from .base import FillSelector, check_int, dense_selection, prompt_protected
+
+__all__ = ["DenseBelow"]
+
+
+@dataclass(frozen=True)
+class DenseBelow:
+    """Keep every token of prompts shorter than ``tokens``; longer prompts go to ``inner``.
+
+    Short prompts gain little from a sparse prefill and the draft pass costs time, so the decision
+    is made without scores and the pipeline skips the draft. (`Adaptive` has the same switch
+    built in as ``dense_below_tokens``.)
+
+    Example::
+
+        DenseBelow(Protect(Chunked(KeepRate(0.1), 32)), tokens=1024)
+
+    Raises:
+        InvalidRequestError: ``tokens`` is not an integer >= 0.
+    """
+
+    inner: Selector
+    tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if not callable(getattr(self.inner, "select", None)):
+            raise InvalidRequestError(f"DenseBelow wraps a selector, got {self.inner!r}", param="selector")
+        check_int(self.tokens, "min_prompt_tokens", param="min_prompt_tokens", minimum=0)
+
+    @property
+    def name(self) -> str:
+        return f"DenseBelow({self.inner.name}, {self.tokens})"
+
+    def _dense(self, prompt: Prompt, forced: torch.Tensor) -> Selection:
+        return dense_selection(forced, f"dense below {self.tokens} tokens", requested_rate=1.0)
+
+    def decide_without_scores(self, prompt: Prompt) -> Selection | None:
+        """Dense for prompts shorter than ``tokens``, else whatever ``inner`` decides."""
+        if prompt.n < self.tokens:
+            mask = getattr(self.inner, "mask", None)
+            forced = mask(prompt) if callable(mask) else prompt_protected(prompt)
+            return self._dense(prompt, forced)
+        return self.inner.decide_without_scores(prompt)
+
+    def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
+        """Dense for short prompts, else ``inner.select``."""
+        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+        """Like `select`, keeping ``forced`` too."""
+        if prompt.n < self.tokens:
+            mask = getattr(self.inner, "mask", None)
+            own = mask(prompt) if callable(mask) else prompt_protected(prompt)
+            return self._dense(prompt, forced.to(torch.bool) | own)
+        if isinstance(self.inner, FillSelector):
+            return self.inner.fill(prompt, scores, forced)
+        if bool(forced.any()):
+            raise InvalidRequestError(f"{self.inner.name} cannot keep forced tokens", param="selector")
+        return self.inner.select(prompt, scores)
