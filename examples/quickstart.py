@@ -49,8 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     for column in ("run", "kept / prompt tokens", "score ms", "prefill ms", "TTFT ms", "answer"):
         table.add_column(column, justify="left" if column in ("run", "answer") else "right")
     for name, c in runs:
-        table.add_row(name, f"{c.usage.kept_tokens} / {c.usage.prompt_tokens}", f"{c.timings.score:.0f}",
-                      f"{c.timings.prefill:.0f}", f"{c.timings.ttft:.0f}", c.text.strip())
+        table.add_row(
+            name,
+            f"{c.usage.kept_tokens} / {c.usage.prompt_tokens}",
+            f"{c.timings.score:.0f}",
+            f"{c.timings.prefill:.0f}",
+            f"{c.timings.ttft:.0f}",
+            c.text.strip(),
+        )
     console.print(table)
     return 0
 

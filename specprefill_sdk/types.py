@@ -6,6 +6,7 @@ tokenization of the prompt, 0-based; ``n`` is always the original prompt length.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,8 +17,8 @@ import torch
 from .errors import InvalidRequestError
 
 __all__ = [
-    "CompletionChunk",
     "Completion",
+    "CompletionChunk",
     "CompressedPrompt",
     "FinishReason",
     "Message",
@@ -176,14 +177,13 @@ class Selection:
             raise ValueError("Selection.protected must have one entry per kept index")
         if any(b <= a for a, b in zip(self.indices, self.indices[1:], strict=False)):
             raise ValueError("Selection.indices must be strictly increasing")
-        if self.indices and not (0 <= self.indices[0] and self.indices[-1] < self.n):
+        if self.indices and not (self.indices[0] >= 0 and self.indices[-1] < self.n):
             raise ValueError(f"Selection.indices must lie in [0, {self.n})")
 
     @classmethod
     def keep_all(cls, n: int, *, reason: str = "keep-all") -> Selection:
         """The dense selection: every token kept."""
-        return cls(indices=tuple(range(n)), n=n, protected=(False,) * n, dense=True, requested_rate=1.0,
-                   reason=reason)
+        return cls(indices=tuple(range(n)), n=n, protected=(False,) * n, dense=True, requested_rate=1.0, reason=reason)
 
     @property
     def kept(self) -> int:
@@ -229,9 +229,8 @@ class CompressedPrompt:
         if not self.token_ids:
             raise InvalidRequestError("the compressed prompt is empty", param="prompt_token_ids")
         pos = self.position_ids
-        if pos[0] < 0 or any(b <= a for a, b in zip(pos, pos[1:], strict=False)):
-            raise InvalidRequestError("position_ids must be non-negative and strictly increasing",
-                                      param="position_ids")
+        if pos[0] < 0 or any(b <= a for a, b in itertools.pairwise(pos)):
+            raise InvalidRequestError("position_ids must be non-negative and strictly increasing", param="position_ids")
         if pos[-1] >= self.n:
             raise InvalidRequestError(f"position_ids must be below n={self.n}", param="position_ids")
 
@@ -275,12 +274,13 @@ class SamplingParams:
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}",
-                                      param="max_tokens")
-        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)) \
-                or self.temperature < 0:
-            raise InvalidRequestError(f"temperature must be a finite number >= 0, got {self.temperature!r}",
-                                      param="temperature")
+            raise InvalidRequestError(
+                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", param="max_tokens"
+            )
+        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)) or self.temperature < 0:
+            raise InvalidRequestError(
+                f"temperature must be a finite number >= 0, got {self.temperature!r}", param="temperature"
+            )
         if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
@@ -319,8 +319,13 @@ class Timings:
     total: float = 0.0
 
     def as_dict(self) -> dict[str, float]:
-        return {"score": self.score, "select": self.select, "prefill": self.prefill, "ttft": self.ttft,
-                "total": self.total}
+        return {
+            "score": self.score,
+            "select": self.select,
+            "prefill": self.prefill,
+            "ttft": self.ttft,
+            "total": self.total,
+        }
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def test_unknown_model_lists_the_bundled_ones() -> None:
 def test_missing_gguf_and_folder_without_config(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="GGUF file not found"):
         resolve_model_path(str(tmp_path / "x.gguf"))
-    with pytest.raises(ModelLoadError, match="config.json"):
+    with pytest.raises(ModelLoadError, match=r"config\.json"):
         resolve_model_path(str(tmp_path))
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ModelLoadError, match="neither"):

@@ -10,18 +10,22 @@ pytestmark = pytest.mark.slow
 
 
 def test_chat_prompt_tracks_roles_messages_and_generation_prompt(tokenizer) -> None:
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "What is the capital of France?"}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
     p = build_prompt(tokenizer, messages)
     ref = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     ref_ids = ref["input_ids"] if isinstance(ref, dict) or hasattr(ref, "keys") else ref
     assert list(p.token_ids) == list(ref_ids)
-    decoded = {role: "".join(tokenizer.decode([t]) for t, r in zip(p.token_ids, p.roles, strict=True) if r == role)
-               for role in ("system", "user")}
+    decoded = {
+        role: "".join(tokenizer.decode([t]) for t, r in zip(p.token_ids, p.roles, strict=True) if r == role)
+        for role in ("system", "user")
+    }
     assert decoded["system"] == "Be brief."
     assert decoded["user"] == "What is the capital of France?"
-    assert tokenizer.decode(list(p.token_ids[p.generation_start:])) == "<|im_start|>assistant\n"
-    assert set(p.message_index[p.generation_start:]) == {-1}
+    assert tokenizer.decode(list(p.token_ids[p.generation_start :])) == "<|im_start|>assistant\n"
+    assert set(p.message_index[p.generation_start :]) == {-1}
     assert all(p.special[i] for i, t in enumerate(p.token_ids) if t in tokenizer.all_special_ids)
     for (a, b), t in zip(p.offsets, p.token_ids, strict=True):
         assert p.text[a:b] == tokenizer.decode([t])

@@ -50,8 +50,14 @@ def test_compressed_prompt_validates_positions(ids: tuple[int, ...], pos: tuple[
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"max_tokens": 0}, {"temperature": -1.0}, {"temperature": float("nan")}, {"top_p": 0.0}, {"top_p": 1.5},
-     {"stop": ("",)}],
+    [
+        {"max_tokens": 0},
+        {"temperature": -1.0},
+        {"temperature": float("nan")},
+        {"top_p": 0.0},
+        {"top_p": 1.5},
+        {"stop": ("",)},
+    ],
 )
 def test_sampling_params_reject_bad_values(kwargs: dict[str, object]) -> None:
     with pytest.raises(InvalidRequestError):
@@ -74,8 +80,12 @@ def test_message_coerce() -> None:
     assert Message.coerce({"role": "user", "content": "hi"}) == Message("user", "hi")
     parts = {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
     assert Message.coerce(parts).content == "ab"
-    for bad in ({"role": "", "content": "x"}, {"role": "user", "content": 3}, "user: hi",
-                {"role": "user", "content": [{"type": "image_url", "image_url": {}}]}):
+    for bad in (
+        {"role": "", "content": "x"},
+        {"role": "user", "content": 3},
+        "user: hi",
+        {"role": "user", "content": [{"type": "image_url", "image_url": {}}]},
+    ):
         with pytest.raises(InvalidRequestError):
             Message.coerce(bad)  # type: ignore[arg-type]
 
@@ -84,8 +94,14 @@ def test_error_bodies_are_openai_shaped() -> None:
     from specprefill_sdk import ContextTooLongError, ModelLoadError
 
     body = ContextTooLongError("too long", param="messages").to_openai()
-    assert body == {"error": {"message": "too long", "type": "invalid_request_error", "param": "messages",
-                              "code": "context_length_exceeded"}}
+    assert body == {
+        "error": {
+            "message": "too long",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
     assert ContextTooLongError.status_code == 400 and ModelLoadError.status_code == 404
 
 
