@@ -73,8 +73,9 @@ def configure(
         tracer_provider, meter_provider = configure("otlp")  # OTEL_EXPORTER_OTLP_ENDPOINT=...
     """
     if kind not in KINDS:
-        raise InvalidRequestError(f"unknown OpenTelemetry exporter {kind!r}; choose one of {', '.join(KINDS)}",
-                                  param="otel")
+        raise InvalidRequestError(
+            f"unknown OpenTelemetry exporter {kind!r}; choose one of {', '.join(KINDS)}", param="otel"
+        )
     if kind == "none" or _env_true("OTEL_SDK_DISABLED"):
         if kind != "none":
             logger.info("OTEL_SDK_DISABLED is set: recording no telemetry")
@@ -84,7 +85,9 @@ def configure(
         if protocol != "http/protobuf":
             raise InvalidRequestError(
                 f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r} is not supported; OTLP is exported over "
-                "'http/protobuf' (port 4318 by default)", param="otel")
+                "'http/protobuf' (port 4318 by default)",
+                param="otel",
+            )
 
     sdk = _import_sdk(kind)
     resource = sdk["Resource"].create(_resource_attributes(service_name))
@@ -104,8 +107,9 @@ def configure(
     if set_global:
         trace.set_tracer_provider(tracer_provider)
         metrics.set_meter_provider(meter_provider)
-    logger.info("OpenTelemetry: exporting traces and metrics to %s as service %r", kind,
-                resource.attributes.get("service.name"))
+    logger.info(
+        "OpenTelemetry: exporting traces and metrics to %s as service %r", kind, resource.attributes.get("service.name")
+    )
     return tracer_provider, meter_provider
 
 
@@ -124,7 +128,8 @@ def _resource_attributes(service_name: str | None) -> dict[str, str]:
     if service_name:
         attributes["service.name"] = service_name
     elif not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-            "OTEL_RESOURCE_ATTRIBUTES", ""):
+        "OTEL_RESOURCE_ATTRIBUTES", ""
+    ):
         # Explicit attributes would override the environment's, so the default only fills a gap.
         attributes["service.name"] = _DEFAULT_SERVICE_NAME
     return attributes
@@ -140,12 +145,17 @@ def _import_sdk(kind: str) -> dict[str, Any]:
     except ImportError as exc:
         raise SpecPrefillError(
             f"exporting OpenTelemetry data ({kind}) needs the OpenTelemetry SDK, which is not installed "
-            f"(missing module {exc.name!r}); install it with: {_INSTALL}") from exc
+            f"(missing module {exc.name!r}); install it with: {_INSTALL}"
+        ) from exc
     names: dict[str, Any] = {
-        "MeterProvider": MeterProvider, "ConsoleMetricExporter": ConsoleMetricExporter,
-        "PeriodicExportingMetricReader": PeriodicExportingMetricReader, "Resource": Resource,
-        "TracerProvider": TracerProvider, "BatchSpanProcessor": BatchSpanProcessor,
-        "ConsoleSpanExporter": ConsoleSpanExporter, "SimpleSpanProcessor": SimpleSpanProcessor,
+        "MeterProvider": MeterProvider,
+        "ConsoleMetricExporter": ConsoleMetricExporter,
+        "PeriodicExportingMetricReader": PeriodicExportingMetricReader,
+        "Resource": Resource,
+        "TracerProvider": TracerProvider,
+        "BatchSpanProcessor": BatchSpanProcessor,
+        "ConsoleSpanExporter": ConsoleSpanExporter,
+        "SimpleSpanProcessor": SimpleSpanProcessor,
     }
     if kind == "otlp":
         try:
@@ -154,7 +164,8 @@ def _import_sdk(kind: str) -> dict[str, Any]:
         except ImportError as exc:
             raise SpecPrefillError(
                 "exporting OpenTelemetry data over OTLP needs the OTLP/HTTP exporter, which is not installed "
-                f"(missing module {exc.name!r}); install it with: {_INSTALL}") from exc
+                f"(missing module {exc.name!r}); install it with: {_INSTALL}"
+            ) from exc
         names["OTLPSpanExporter"] = OTLPSpanExporter
         names["OTLPMetricExporter"] = OTLPMetricExporter
     return names

@@ -86,8 +86,14 @@ class EchoBackend(BackendBase):
 
     def _completion(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
         ids = tuple(range(7, 7 + params.max_tokens))
-        return Completion(" ".join("x" for _ in ids), ids, "length", Usage(prompt.n, prompt.kept, len(ids)),
-                          Timings(prefill=2.0, ttft=3.0), model="tiny-target-v1")
+        return Completion(
+            " ".join("x" for _ in ids),
+            ids,
+            "length",
+            Usage(prompt.n, prompt.kept, len(ids)),
+            Timings(prefill=2.0, ttft=3.0),
+            model="tiny-target-v1",
+        )
 
     def generate(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
         self.current_spans.append(trace.get_current_span())
@@ -136,8 +142,13 @@ def rec() -> Recorder:
 
 
 def make_pipeline(rec: Recorder, *, scorer_fails: bool = False, backend_fails: bool = False) -> Pipeline:
-    return Pipeline(LastTokensScorer(scorer_fails), KeepQuarter(), EchoBackend(backend_fails),
-                    tracer_provider=rec.tracer_provider, meter_provider=rec.meter_provider)
+    return Pipeline(
+        LastTokensScorer(scorer_fails),
+        KeepQuarter(),
+        EchoBackend(backend_fails),
+        tracer_provider=rec.tracer_provider,
+        meter_provider=rec.meter_provider,
+    )
 
 
 def chat_prompt(n: int = 40) -> Prompt:
@@ -209,8 +220,11 @@ def test_generate_span_tree_attributes_and_metrics(rec: Recorder) -> None:
     assert usage == {"input": 11, "output": 5}
     (duration,) = rec.points("gen_ai.client.operation.duration")
     assert duration.count == 1 and 0 < duration.sum < 60
-    assert duration.attributes == {"gen_ai.operation.name": "chat", "gen_ai.provider.name": "tiny",
-                                   "gen_ai.request.model": "tiny-target"}
+    assert duration.attributes == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.provider.name": "tiny",
+        "gen_ai.request.model": "tiny-target",
+    }
     assert rec.points("gen_ai.client.operation.time_to_first_chunk") == []  # streaming only
 
 
@@ -247,8 +261,10 @@ def test_scorer_error_falls_back_with_span_events_and_counter(rec: Recorder) -> 
     assert spans["chat tiny-target"].attributes["gen_ai.usage.input_tokens"] == 32
     (fallbacks,) = rec.points("specprefill.fallbacks")
     assert fallbacks.value == 1
-    assert fallbacks.attributes == {"specprefill.fallback.reason": "scorer_error",
-                                    "gen_ai.request.model": "tiny-target"}
+    assert fallbacks.attributes == {
+        "specprefill.fallback.reason": "scorer_error",
+        "gen_ai.request.model": "tiny-target",
+    }
 
 
 def test_backend_error_sets_error_type_and_records_the_exception(rec: Recorder) -> None:
@@ -319,7 +335,8 @@ def test_closing_a_stream_early_is_a_cancellation_not_an_error(rec: Recorder) ->
 
 
 def test_async_stream_keeps_the_callers_trace_without_detach_errors(
-        rec: Recorder, caplog: pytest.LogCaptureFixture) -> None:
+    rec: Recorder, caplog: pytest.LogCaptureFixture
+) -> None:
     pipe = make_pipeline(rec)
     tracer = rec.tracer_provider.get_tracer("caller")
 
@@ -348,8 +365,13 @@ def test_generate_batch_has_one_inference_span_with_every_finish_reason(rec: Rec
     outs = pipe.generate_batch([chat_prompt(40), chat_prompt(80)], max_tokens=2)
     spans = rec.spans_out.get_finished_spans()
     names = sorted(s.name for s in spans)
-    assert names == ["chat tiny-target", "specprefill.pipeline", "specprefill.score",
-                     "specprefill.select", "specprefill.select"]
+    assert names == [
+        "chat tiny-target",
+        "specprefill.pipeline",
+        "specprefill.score",
+        "specprefill.select",
+        "specprefill.select",
+    ]
     inf = next(s for s in spans if s.name == "chat tiny-target")
     assert inf.attributes["gen_ai.response.finish_reasons"] == ("length", "length")
     assert inf.attributes["gen_ai.usage.input_tokens"] == sum(o.usage.kept_tokens for o in outs) == 11 + 21

@@ -29,16 +29,25 @@ SPAN_NAMES = {"specprefill.pipeline", "specprefill.score", "specprefill.select",
 
 @pytest.fixture(autouse=True)
 def clean_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("OTEL_SERVICE_NAME", "OTEL_RESOURCE_ATTRIBUTES", "OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER",
-                 "OTEL_METRICS_EXPORTER", "OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_ENDPOINT",
-                 "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
-                 "OTEL_TRACES_SAMPLER"):
+    for name in (
+        "OTEL_SERVICE_NAME",
+        "OTEL_RESOURCE_ATTRIBUTES",
+        "OTEL_SDK_DISABLED",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_METRICS_EXPORTER",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT",
+        "OTEL_TRACES_SAMPLER",
+    ):
         monkeypatch.delenv(name, raising=False)
 
 
 def run_pipeline(tracer_provider: Any, meter_provider: Any) -> Pipeline:
-    pipe = Pipeline(LastTokensScorer(), KeepQuarter(), EchoBackend(), tracer_provider=tracer_provider,
-                    meter_provider=meter_provider)
+    pipe = Pipeline(
+        LastTokensScorer(), KeepQuarter(), EchoBackend(), tracer_provider=tracer_provider, meter_provider=meter_provider
+    )
     pipe.generate(chat_prompt(40), max_tokens=3)
     return pipe
 
@@ -56,8 +65,7 @@ def json_objects(text: str) -> list[dict[str, Any]]:
 
 
 def metric_names(metrics_json: dict[str, Any]) -> set[str]:
-    return {m["name"] for rm in metrics_json["resource_metrics"] for sm in rm["scope_metrics"]
-            for m in sm["metrics"]}
+    return {m["name"] for rm in metrics_json["resource_metrics"] for sm in rm["scope_metrics"] for m in sm["metrics"]}
 
 
 # --------------------------------------------------------------------------- console
@@ -78,9 +86,15 @@ def test_console_prints_each_span_and_the_metrics_at_shutdown() -> None:
     meter_provider.shutdown()  # type: ignore[attr-defined]
     tracer_provider.shutdown()  # type: ignore[attr-defined]
     (metrics_json,) = json_objects(out.getvalue()[printed:])
-    assert {"specprefill.ttft", "specprefill.keep_ratio", "specprefill.prompt_tokens", "specprefill.kept_tokens",
-            "specprefill.score.duration", "gen_ai.client.token.usage",
-            "gen_ai.client.operation.duration"} <= metric_names(metrics_json)
+    assert {
+        "specprefill.ttft",
+        "specprefill.keep_ratio",
+        "specprefill.prompt_tokens",
+        "specprefill.kept_tokens",
+        "specprefill.score.duration",
+        "gen_ai.client.token.usage",
+        "gen_ai.client.operation.duration",
+    } <= metric_names(metrics_json)
 
 
 def test_console_service_name_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -88,8 +102,7 @@ def test_console_service_name_comes_from_the_environment(monkeypatch: pytest.Mon
     out = io.StringIO()
     tracer_provider, meter_provider = configure("console", out=out)
     run_pipeline(tracer_provider, meter_provider)
-    assert {s["resource"]["attributes"]["service.name"] for s in json_objects(out.getvalue())} == {
-        "checkout-assistant"}
+    assert {s["resource"]["attributes"]["service.name"] for s in json_objects(out.getvalue())} == {"checkout-assistant"}
     meter_provider.shutdown()  # type: ignore[attr-defined]
 
 
@@ -164,7 +177,8 @@ def collector() -> Iterator[Collector]:
 
 
 def test_otlp_exports_spans_and_metrics_to_the_configured_endpoint(
-        collector: Collector, monkeypatch: pytest.MonkeyPatch) -> None:
+    collector: Collector, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.endpoint)
     monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=gateway,deployment.environment=test")
     tracer_provider, meter_provider = configure("otlp")
@@ -181,8 +195,13 @@ def test_otlp_exports_spans_and_metrics_to_the_configured_endpoint(
     attrs = {a.key: a.value for a in inference.attributes}
     assert attrs["gen_ai.request.model"].string_value == "tiny-target"
     assert attrs["gen_ai.usage.input_tokens"].int_value == 11
-    names = {m.name for req in collector.metrics for rm in req.resource_metrics for sm in rm.scope_metrics
-             for m in sm.metrics}
+    names = {
+        m.name
+        for req in collector.metrics
+        for rm in req.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
     assert {"specprefill.ttft", "specprefill.kept_tokens", "gen_ai.client.token.usage"} <= names
 
 
@@ -199,10 +218,13 @@ def test_unknown_kind_lists_the_valid_ones() -> None:
     assert all(k in str(info.value) for k in KINDS) and info.value.param == "otel"
 
 
-@pytest.mark.parametrize(("kind", "module"), [
-    ("console", "opentelemetry.sdk.trace"),
-    ("otlp", "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
-])
+@pytest.mark.parametrize(
+    ("kind", "module"),
+    [
+        ("console", "opentelemetry.sdk.trace"),
+        ("otlp", "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
+    ],
+)
 def test_a_missing_extra_says_what_to_install(monkeypatch: pytest.MonkeyPatch, kind: str, module: str) -> None:
     monkeypatch.setitem(sys.modules, module, None)  # what an environment without the package raises
     with pytest.raises(SpecPrefillError, match=r"pip install 'specprefill-sdk\[otel\]'") as info:
@@ -252,8 +274,9 @@ if sys.argv[1] == "configure-later":
 
 
 def _run_no_sdk(mode: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_NO_SDK), mode], capture_output=True, text=True,
-                          timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_NO_SDK), mode], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -268,5 +291,4 @@ def test_global_providers_set_later_are_used_by_an_existing_pipeline() -> None:
     assert out.splitlines()[:2] == ["recording False valid False", "sdk imported False"]
     assert "traced True" in out.splitlines()
     names = {o["name"] for o in json_objects(out.split("traced True", 1)[0].split("sdk imported False", 1)[1])}
-    assert names == {"specprefill.pipeline", "specprefill.score", "specprefill.select",
-                     "text_completion tiny-target"}
+    assert names == {"specprefill.pipeline", "specprefill.score", "specprefill.select", "text_completion tiny-target"}
