@@ -1,0 +1,434 @@
+"""Named policy presets: scorer + selector + protection settings, declared in TOML.
+
+A policy says *how* a prompt is compressed; the model and backend are chosen separately. Presets
+live in the top-level ``policies/`` folder of the repository and are shipped inside the wheel as
+``specprefill_sdk/_policies``; any ``.toml`` file with the same layout works too.
+
+Example::
+
+    from specprefill_sdk.policies import load_pipeline, load_policy
+
+    policy = load_policy("paper").with_overrides(keep_rate=0.2)
+    policy.build_selector().name  # 'Protect(Chunked(KeepRate(0.2), 32))'
+    pipe = load_pipeline("paper", model="smollm2-135m", keep_rate=0.2)
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import logging
+import os
+import sys
+from collections.abc import Set as AbstractSet
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import PolicyError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
+    from .interfaces import Backend, Scorer, Selector
+    from .models import LoadedModel
+    from .pipeline import Pipeline
+
+__all__ = [
+    "OVERRIDE_KEYS",
+    "Policy",
+    "ProtectSettings",
+    "ScorerSettings",
+    "SelectorSettings",
+    "list_policies",
+    "load_pipeline",
+    "load_policy",
+    "policy_dirs",
+]
+
+logger = logging.getLogger(__name__)
+
+# The same default as `models.DEFAULT_MODEL`, spelled out so that reading policies needs no torch.
+_DEFAULT_MODEL = "smollm2-135m"
+
+ScorerKind = Literal["draft-attention", "self-information", "uniform", "random", "recency", "head-tail"]
+SelectorKind = Literal["keep-rate", "token-budget", "adaptive"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class ScorerSettings(_Section):
+    """How token importance is scored. ``kind="draft-attention"`` is the method; the others are baselines."""
+
+    kind: ScorerKind = "draft-attention"
+    #: N: the last prompt token plus N-1 greedily decoded tokens query the prompt (draft-attention).
+    look_ahead: int = Field(default=8, ge=1, le=256)
+    #: Width of the average pool that smooths each attention row (1 = none).
+    pool_kernel: int = Field(default=13, ge=1, le=1025)
+    #: Seed of the ``random`` baseline.
+    seed: int = 0
+    #: Tokens the ``head-tail`` baseline favours at the start (None: its default).
+    head: int | None = Field(default=None, ge=0)
+
+
+class SelectorSettings(_Section):
+    """How many tokens are kept and in what units."""
+
+    kind: SelectorKind = "keep-rate"
+    #: Share of the prompt kept (``keep-rate``), in (0, 1]; 1.0 prefills everything without the draft.
+    keep_rate: float = Field(default=0.1, gt=0, le=1)
+    #: Tokens kept (``token-budget``).
+    token_budget: int | None = Field(default=None, ge=1)
+    #: Select whole chunks of this many tokens; 1 selects single tokens.
+    chunk_size: int = Field(default=32, ge=1)
+    #: Prompts shorter than this are prefilled whole, without the draft (0: never).
+    min_prompt_tokens: int = Field(default=0, ge=0)
+    #: ``adaptive``: keep the fewest tokens holding this share of the score mass ...
+    coverage: float = Field(default=0.9, gt=0, le=1)
+    #: ... but at least this share of the prompt ...
+    min_rate: float = Field(default=0.05, gt=0, le=1)
+    #: ... and at most this share.
+    max_rate: float = Field(default=0.5, gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SelectorSettings:
+        if self.kind == "token-budget" and self.token_budget is None:
+            raise ValueError("kind 'token-budget' needs token_budget")
+        if self.min_rate > self.max_rate:
+            raise ValueError(f"min_rate ({self.min_rate:g}) must not exceed max_rate ({self.max_rate:g})")
+        return self
+
+
+class ProtectSettings(_Section):
+    """Tokens kept whatever their scores; they count toward the budget (see `selection.Protect`)."""
+
+    #: The first ``sink`` tokens (the attention sink).
+    sink: int = Field(default=1, ge=0)
+    #: The generation prompt (or the last 8 tokens of plain text); an integer N adds the last N tokens.
+    tail: bool | int = True
+    #: Content tokens of messages with these roles, e.g. ``["system"]``.
+    roles: tuple[str, ...] = Field(default=(), strict=False)
+    #: The whole last user message.
+    last_user_turn: bool = False
+    #: Special tokens and chat-template glue.
+    special_tokens: bool = False
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _roles(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
+
+    @field_validator("tail", mode="before")
+    @classmethod
+    def _tail(cls, value: Any) -> Any:
+        if isinstance(value, bool) or (isinstance(value, int) and value >= 0):
+            return value
+        raise ValueError(f"tail must be true, false or a number of tokens >= 0, got {value!r}")
+
+
+#: Per-request override keys of `Policy.with_overrides` and the section each one sets.
+_OVERRIDES: dict[str, str] = {
+    "keep_rate": "selector",
+    "token_budget": "selector",
+    "chunk_size": "selector",
+    "min_prompt_tokens": "selector",
+    "coverage": "selector",
+    "min_rate": "selector",
+    "max_rate": "selector",
+    "look_ahead": "scorer",
+    "pool_kernel": "scorer",
+    "sink": "protect",
+    "tail": "protect",
+    "roles": "protect",
+    "last_user_turn": "protect",
+    "special_tokens": "protect",
+}
+OVERRIDE_KEYS: tuple[str, ...] = tuple(_OVERRIDES)
+
+_SECTIONS: dict[str, type[_Section]] = {
+    "scorer": ScorerSettings,
+    "selector": SelectorSettings,
+    "protect": ProtectSettings,
+}
+
+
+class Policy(BaseModel):
+    """A named, validated preset: scorer, selector and protection settings.
+
+    Build one with `load_policy`, change it per request with `with_overrides`, turn it into stages
+    with `build_selector` and `build_scorer` (or a whole pipeline with `load_pipeline`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str
+    description: str = ""
+    scorer: ScorerSettings = ScorerSettings()
+    selector: SelectorSettings = SelectorSettings()
+    protect: ProtectSettings = ProtectSettings()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "settings") -> Policy:
+        """Validate a mapping (e.g. parsed TOML) into a `Policy`.
+
+        Raises:
+            PolicyError: an unknown field (the message lists the valid ones) or a bad value.
+        """
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise _policy_error(exc, source) from None
+
+    def with_overrides(self, **fields: Any) -> Policy:
+        """A copy with some settings replaced, e.g. per request: ``with_overrides(keep_rate=0.2)``.
+
+        Keys are `OVERRIDE_KEYS`; ``None`` means "not given". ``keep_rate`` switches the selector to
+        a fixed keep rate and ``token_budget`` to a token budget (not both at once).
+
+        Raises:
+            PolicyError: an unknown key (the message lists the valid ones) or a bad value.
+        """
+        unknown = sorted(set(fields) - set(_OVERRIDES))
+        if unknown:
+            raise PolicyError(
+                f"unknown policy override{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                f"valid overrides: {', '.join(OVERRIDE_KEYS)}",
+                param=unknown[0],
+            )
+        given = {k: v for k, v in fields.items() if v is not None}
+        if not given:
+            return self
+        if "keep_rate" in given and "token_budget" in given:
+            raise PolicyError("give keep_rate or token_budget, not both", param="keep_rate")
+        data = self.model_dump()
+        for key, value in given.items():
+            data[_OVERRIDES[key]][key] = value
+        if "keep_rate" in given:
+            data["selector"]["kind"] = "keep-rate"
+        if "token_budget" in given:
+            data["selector"]["kind"] = "token-budget"
+        try:
+            return Policy.model_validate(data)
+        except ValidationError as exc:
+            raise _policy_error(exc, "override", flat=set(given)) from None
+
+    def build_selector(self) -> Selector:
+        """The selector these settings describe, e.g. ``Protect(Chunked(KeepRate(0.1), 32))``."""
+        from .selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+        from .selection.base import BudgetSelector
+
+        s, p = self.selector, self.protect
+        base: BudgetSelector
+        if s.kind == "keep-rate":
+            base = KeepRate(s.keep_rate)
+        elif s.kind == "token-budget":
+            assert s.token_budget is not None
+            base = TokenBudget(s.token_budget)
+        else:
+            base = Adaptive(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.min_prompt_tokens)
+        selector: Selector = Chunked(base, s.chunk_size) if s.chunk_size > 1 else base
+        if p.sink or p.tail is not False or p.roles or p.last_user_turn or p.special_tokens:
+            selector = Protect(
+                selector,
+                sink=p.sink,
+                tail=p.tail,
+                roles=p.roles,
+                last_user_turn=p.last_user_turn,
+                special_tokens=p.special_tokens,
+            )
+        if s.min_prompt_tokens and s.kind != "adaptive":
+            selector = DenseBelow(selector, s.min_prompt_tokens)
+        return selector
+
+    def build_scorer(self, draft: str | LoadedModel = _DEFAULT_MODEL, **kwargs: Any) -> Scorer:
+        """The scorer these settings describe; ``draft`` and ``kwargs`` go to model-based scorers.
+
+        ``kwargs`` are e.g. ``device``, ``dtype`` and ``target_tokenizer`` for `DraftAttentionScorer`.
+        Baselines (uniform, random, recency, head-tail) load no model and ignore both.
+        """
+        from . import scoring
+
+        s = self.scorer
+        if s.kind == "draft-attention":
+            return scoring.DraftAttentionScorer(draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, **kwargs)
+        if s.kind == "self-information":
+            return scoring.SelfInformationScorer(draft=draft, **kwargs)
+        if s.kind == "uniform":
+            return scoring.UniformScorer()
+        if s.kind == "random":
+            return scoring.RandomScorer(seed=s.seed)
+        if s.kind == "recency":
+            return scoring.RecencyScorer()
+        return scoring.HeadTailScorer() if s.head is None else scoring.HeadTailScorer(head=s.head)
+
+    def summary(self) -> str:
+        """One line: the selector and scorer settings, e.g. for ``specprefill policies``."""
+        s = self.selector
+        if s.kind == "keep-rate":
+            keep = f"keep {s.keep_rate:g}"
+        elif s.kind == "token-budget":
+            keep = f"keep {s.token_budget} tokens"
+        else:
+            keep = f"adaptive {s.min_rate:g}-{s.max_rate:g} (coverage {s.coverage:g})"
+        parts = [keep, f"chunk {s.chunk_size}" if s.chunk_size > 1 else "token-level"]
+        if s.min_prompt_tokens:
+            parts.append(f"dense below {s.min_prompt_tokens} tokens")
+        if self.scorer.kind == "draft-attention":
+            parts.append(f"look-ahead {self.scorer.look_ahead}, pool {self.scorer.pool_kernel}")
+        else:
+            parts.append(f"scorer {self.scorer.kind}")
+        return ", ".join(parts)
+
+
+def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] = frozenset()) -> PolicyError:
+    """One readable line from pydantic's errors; ``flat`` names override keys shown without their section."""
+    problems: list[str] = []
+    first_param: str | None = None
+    for err in exc.errors():
+        loc = [str(x) for x in err["loc"]]
+        if len(loc) >= 2 and loc[1] in flat:  # an override key: name it as the caller spelled it
+            where, param = ".".join(loc[1:]), loc[1]
+        else:
+            where = param = ".".join(loc) or "policy"
+        first_param = first_param or param
+        if err["type"] == "extra_forbidden":
+            section = _SECTIONS.get(loc[0]) if len(loc) == 2 else None
+            model: type[BaseModel] = section if section is not None else Policy
+            scope = f" in [{loc[0]}]" if section is not None else ""
+            problems.append(f"unknown field '{where}'; valid fields{scope}: {', '.join(model.model_fields)}")
+        elif err["type"] == "literal_error":
+            problems.append(f"{where}: {err['msg']}, got {err['input']!r}")
+        else:
+            message = str(err["msg"]).removeprefix("Value error, ")
+            if message.startswith(("tail must", "kind ", "min_rate")):
+                problems.append(f"{where}: {message}" if loc else message)
+            else:
+                problems.append(f"{where}: {message}, got {err['input']!r}")
+    return PolicyError(f"invalid policy {source}: {'; '.join(problems)}", param=first_param)
+
+
+def policy_dirs() -> list[Traversable]:
+    """Where presets are looked up: inside the installed package, else the repository's ``policies/``."""
+    dirs: list[Traversable] = []
+    packaged = importlib.resources.files("specprefill_sdk") / "_policies"
+    if packaged.is_dir():
+        dirs.append(packaged)
+    checkout = Path(__file__).resolve().parents[1]
+    # Only a source checkout of this project: a bare site-packages/policies belongs to someone else.
+    if (checkout / "policies").is_dir() and (checkout / "pyproject.toml").is_file():
+        dirs.append(checkout / "policies")
+    return dirs
+
+
+def _presets() -> dict[str, Traversable]:
+    found: dict[str, Traversable] = {}
+    for folder in policy_dirs():
+        for entry in folder.iterdir():
+            if entry.name.endswith(".toml") and entry.is_file():
+                found.setdefault(entry.name[: -len(".toml")], entry)
+    return found
+
+
+def list_policies() -> list[str]:
+    """The names of the shipped presets, sorted: e.g. ``['adaptive', 'conservative', 'dense', 'paper']``."""
+    return sorted(_presets())
+
+
+def _parse(text: str, name: str, source: str) -> Policy:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"policy {source} is not valid TOML: {exc}") from None
+    data.setdefault("name", name)
+    return Policy.from_dict(data, source=source)
+
+
+def load_policy(name_or_path: str | os.PathLike[str]) -> Policy:
+    """Load a preset by name (``"paper"``) or a policy file by path (``"./mine.toml"``).
+
+    Raises:
+        PolicyError: an unknown name (the message lists the presets), a missing or unreadable file,
+            invalid TOML, or invalid settings.
+    """
+    if isinstance(name_or_path, os.PathLike) or str(name_or_path).endswith(".toml") or os.sep in str(name_or_path):
+        path = Path(name_or_path).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise PolicyError(f"policy file not found: {path}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise PolicyError(f"cannot read policy file {path}: {exc}") from None
+        return _parse(text, path.stem, f"file {path}")
+    if not isinstance(name_or_path, str) or not name_or_path:
+        raise PolicyError(f"a policy name or .toml path is required, got {name_or_path!r}")
+    presets = _presets()
+    entry = presets.get(name_or_path)
+    if entry is None:
+        valid = ", ".join(sorted(presets)) or "(none installed)"
+        raise PolicyError(f"unknown policy {name_or_path!r}; valid policies: {valid} (or a path to a .toml file)")
+    return _parse(entry.read_text(encoding="utf-8"), name_or_path, f"'{name_or_path}'")
+
+
+def load_pipeline(
+    policy: str | os.PathLike[str] | Policy = "paper",
+    *,
+    model: str | LoadedModel = _DEFAULT_MODEL,
+    draft: str | LoadedModel | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    backend: Backend | None = None,
+    scorer: Scorer | None = None,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+    **overrides: Any,
+) -> Pipeline:
+    """Build a `Pipeline` from a policy: the policy's scorer and selector, a transformers backend.
+
+    Args:
+        policy: a preset name, a ``.toml`` path or a `Policy`.
+        model: the target (a model spec or a `LoadedModel`); ignored when ``backend`` is given.
+        draft: the draft model; ``None`` uses the target itself, sharing its weights in memory.
+        device, dtype: where and how models given by name are loaded.
+        backend: a ready backend (e.g. an `OpenAIBackend`) instead of a `TransformersBackend`.
+        scorer: a ready scorer instead of the policy's.
+        tracer_provider, meter_provider: OpenTelemetry providers for the pipeline.
+        overrides: `Policy.with_overrides` keys, e.g. ``keep_rate=0.2``.
+
+    Raises:
+        PolicyError: unknown policy or override, or a bad value.
+        ModelLoadError: a model cannot be found or loaded.
+    """
+    from .models import LoadedModel, load_model
+    from .pipeline import Pipeline
+
+    pol = policy if isinstance(policy, Policy) else load_policy(policy)
+    pol = pol.with_overrides(**overrides)
+    selector = pol.build_selector()
+    if backend is None:
+        from .backends import TransformersBackend
+
+        target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
+        backend = TransformersBackend(target)
+    if scorer is None:
+        target_loaded = getattr(backend, "loaded", None)
+        same = draft is None or draft is model or (isinstance(draft, str) and draft == model)
+        draft_spec: str | LoadedModel
+        if same and isinstance(target_loaded, LoadedModel):
+            draft_spec = target_loaded  # one copy of the weights serves as target and draft
+        else:
+            draft_spec = model if draft is None else draft
+        kwargs: dict[str, Any] = {}
+        if pol.scorer.kind == "draft-attention":
+            kwargs["target_tokenizer"] = backend.tokenizer
+        if isinstance(draft_spec, str) and pol.scorer.kind in ("draft-attention", "self-information"):
+            kwargs.update(device=device, dtype=dtype)
+        scorer = pol.build_scorer(draft_spec, **kwargs)
+    logger.info("pipeline: policy %s, selector %s, scorer %s", pol.name, selector.name, scorer.name)
+    return Pipeline(scorer, selector, backend, tracer_provider=tracer_provider, meter_provider=meter_provider)

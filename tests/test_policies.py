@@ -1,0 +1,244 @@
+"""Policy presets: loading by name and path, validation errors, overrides, the selectors they build."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from specprefill_sdk.errors import PolicyError
+from specprefill_sdk.policies import OVERRIDE_KEYS, Policy, list_policies, load_policy, policy_dirs
+from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+from specprefill_sdk.types import Prompt
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
+
+
+def test_shipped_presets_are_listed_and_parse() -> None:
+    names = list_policies()
+    assert {"paper", "conservative", "adaptive", "dense"} <= set(names)
+    assert names == sorted(p.stem for p in POLICY_DIR.glob("*.toml"))
+    for name in names:
+        policy = load_policy(name)
+        assert policy.name == name
+        assert policy.description
+        assert policy.build_selector().name
+
+
+def test_every_file_in_policies_is_a_valid_policy() -> None:
+    for path in POLICY_DIR.glob("*.toml"):
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        Policy.from_dict({"name": path.stem, **data}, source=path.name)
+
+
+def test_paper_preset_has_the_paper_settings() -> None:
+    paper = load_policy("paper")
+    assert paper.scorer.kind == "draft-attention"
+    assert (paper.scorer.look_ahead, paper.scorer.pool_kernel) == (8, 13)
+    assert (paper.selector.kind, paper.selector.keep_rate, paper.selector.chunk_size) == ("keep-rate", 0.1, 32)
+    assert paper.build_selector() == Protect(Chunked(KeepRate(0.1), 32), sink=1, tail=True)
+
+
+def test_conservative_and_adaptive_presets() -> None:
+    conservative = load_policy("conservative")
+    assert conservative.selector.keep_rate == 0.3
+    selector = conservative.build_selector()
+    assert isinstance(selector, Protect) and selector.roles == ("system",) and selector.last_user_turn
+    adaptive = load_policy("adaptive").build_selector()
+    assert isinstance(adaptive, Protect) and isinstance(adaptive.inner, Chunked)
+    inner = adaptive.inner.inner
+    assert isinstance(inner, Adaptive) and inner.dense_below_tokens == 1024
+    assert adaptive.decide_without_scores(Prompt.from_token_ids(range(500))) is not None
+    assert adaptive.decide_without_scores(Prompt.from_token_ids(range(2000))) is None
+
+
+def test_dense_preset_never_needs_scores() -> None:
+    selector = load_policy("dense").build_selector()
+    decided = selector.decide_without_scores(Prompt.from_token_ids(range(5000)))
+    assert decided is not None and decided.dense and decided.kept == 5000
+
+
+def test_presets_are_found_in_the_checkout() -> None:
+    assert any(Path(str(d)) == POLICY_DIR for d in policy_dirs())
+
+
+def test_load_by_path(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text('description = "token budget"\n[selector]\nkind = "token-budget"\ntoken_budget = 256\n')
+    for spec in (path, str(path)):
+        policy = load_policy(spec)
+        assert policy.name == "mine"
+        assert policy.build_selector() == Protect(Chunked(TokenBudget(256), 32))
+
+
+def test_unknown_name_lists_the_valid_policies() -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy("papr")
+    message = str(info.value)
+    assert "'papr'" in message
+    for name in list_policies():
+        assert name in message
+
+
+def test_unknown_field_lists_the_valid_fields(tmp_path: Path) -> None:
+    path = tmp_path / "typo.toml"
+    path.write_text("[selector]\nkeeprate = 0.2\n")
+    with pytest.raises(PolicyError) as info:
+        load_policy(path)
+    message = str(info.value)
+    assert "selector.keeprate" in message
+    assert "keep_rate" in message and "chunk_size" in message and "min_prompt_tokens" in message
+    path.write_text("[selecter]\nkeep_rate = 0.2\n")
+    with pytest.raises(PolicyError, match="valid fields: name, description, scorer, selector, protect"):
+        load_policy(path)
+
+
+@pytest.mark.parametrize(
+    ("toml", "match"),
+    [
+        ("[selector]\nkeep_rate = 1.5\n", "selector.keep_rate"),
+        ("[selector]\nkeep_rate = '0.1'\n", "valid number"),
+        ("[selector]\nkind = 'top-k'\n", "'keep-rate', 'token-budget' or 'adaptive'"),
+        ("[selector]\nkind = 'token-budget'\n", "needs token_budget"),
+        ("[selector]\nmin_rate = 0.6\n", "must not exceed max_rate"),
+        ("[scorer]\nlook_ahead = 0\n", "scorer.look_ahead"),
+        ("[protect]\ntail = -1\n", "tail must be"),
+        ("[protect]\nsink = true\n", "protect.sink"),
+        ("[selector\nkeep_rate = 0.1\n", "not valid TOML"),
+    ],
+)
+def test_bad_values_give_policy_errors(tmp_path: Path, toml: str, match: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(toml)
+    with pytest.raises(PolicyError, match=match):
+        load_policy(path)
+
+
+def test_missing_file_is_a_policy_error(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match="not found"):
+        load_policy(tmp_path / "absent.toml")
+
+
+def test_overrides_change_a_copy() -> None:
+    paper = load_policy("paper")
+    changed = paper.with_overrides(keep_rate=0.25, chunk_size=16, look_ahead=4, sink=2, roles=["system"])
+    assert (changed.selector.keep_rate, changed.selector.chunk_size) == (0.25, 16)
+    assert changed.scorer.look_ahead == 4
+    assert changed.protect.sink == 2 and changed.protect.roles == ("system",)
+    assert paper.selector.keep_rate == 0.1 and paper.protect.sink == 1
+    assert changed.build_selector() == Protect(Chunked(KeepRate(0.25), 16), sink=2, roles=("system",))
+
+
+def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
+    paper = load_policy("paper")
+    assert paper.with_overrides(keep_rate=None, chunk_size=None) == paper
+    values = {
+        "keep_rate": 0.2,
+        "chunk_size": 8,
+        "look_ahead": 2,
+        "pool_kernel": 5,
+        "min_prompt_tokens": 64,
+        "sink": 0,
+        "tail": 4,
+        "roles": ("system",),
+        "last_user_turn": True,
+        "special_tokens": True,
+        "coverage": 0.8,
+        "min_rate": 0.1,
+        "max_rate": 0.3,
+    }
+    changed = paper.with_overrides(**values)
+    for key, value in values.items():
+        section = getattr(changed, {"look_ahead": "scorer", "pool_kernel": "scorer"}.get(key, "selector"))
+        if not hasattr(section, key):
+            section = changed.protect
+        assert getattr(section, key) == value, key
+    assert set(values) | {"token_budget"} == set(OVERRIDE_KEYS)
+
+
+def test_keep_rate_and_token_budget_overrides_switch_the_selector_kind() -> None:
+    adaptive = load_policy("adaptive")
+    fixed = adaptive.with_overrides(keep_rate=0.2)
+    assert fixed.selector.kind == "keep-rate"
+    budget = adaptive.with_overrides(token_budget=300)
+    assert budget.selector.kind == "token-budget"
+    built = budget.build_selector()
+    assert isinstance(built, DenseBelow) and built.tokens == 1024
+    with pytest.raises(PolicyError, match="not both"):
+        adaptive.with_overrides(keep_rate=0.2, token_budget=300)
+
+
+def test_unknown_override_lists_the_valid_keys() -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy("paper").with_overrides(keeprate=0.2)
+    assert info.value.param == "keeprate"
+    for key in OVERRIDE_KEYS:
+        assert key in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("keep_rate", 0),
+        ("keep_rate", 1.01),
+        ("keep_rate", "0.5"),
+        ("chunk_size", 0),
+        ("chunk_size", True),
+        ("look_ahead", 0),
+        ("tail", -3),
+        ("token_budget", 0),
+        ("roles", [1]),
+    ],
+)
+def test_bad_override_values_name_the_key(key: str, value: object) -> None:
+    with pytest.raises(PolicyError) as info:
+        load_policy("paper").with_overrides(**{key: value})
+    assert info.value.param == key
+    assert key in str(info.value)
+
+
+def test_selector_shapes() -> None:
+    paper = load_policy("paper")
+    assert paper.with_overrides(chunk_size=1).build_selector() == Protect(KeepRate(0.1))
+    assert paper.with_overrides(sink=0, tail=False).build_selector() == Chunked(KeepRate(0.1), 32)
+    dense_below = paper.with_overrides(min_prompt_tokens=512).build_selector()
+    assert dense_below == DenseBelow(Protect(Chunked(KeepRate(0.1), 32)), 512)
+    assert dense_below.decide_without_scores(Prompt.from_token_ids(range(100))) is not None
+
+
+def test_keep_rate_one_skips_the_draft() -> None:
+    selector = load_policy("paper").with_overrides(keep_rate=1.0).build_selector()
+    assert selector.decide_without_scores(Prompt.from_token_ids(range(3000))) is not None
+
+
+def test_policy_objects_are_immutable() -> None:
+    paper = load_policy("paper")
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises ValidationError for frozen models
+        paper.selector.keep_rate = 0.5  # type: ignore[misc]
+
+
+@pytest.mark.slow
+def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -> None:
+    from specprefill_sdk.pipeline import Pipeline
+    from specprefill_sdk.policies import load_pipeline
+
+    pipe = load_pipeline("paper", model=smollm, keep_rate=0.2)
+    assert pipe.backend.loaded is smollm  # type: ignore[attr-defined]
+    assert pipe.scorer.loaded is smollm  # type: ignore[attr-defined]
+    assert pipe.selector == Protect(Chunked(KeepRate(0.2), 32))
+    prompt = [{"role": "user", "content": essay[:2500] + "\n\nIn one sentence, what is this text about?"}]
+    answer = pipe.generate(prompt, max_tokens=8)
+    assert answer.usage.completion_tokens >= 1
+    assert 0.15 < answer.usage.keep_ratio < 0.35
+    assert answer.draft == pipe.draft_name and answer.timings.score > 0
+
+    dense = Pipeline.from_policy("dense", model=smollm)
+    full = dense.generate(prompt, max_tokens=8)
+    assert full.usage.kept_tokens == full.usage.prompt_tokens
+    assert full.timings.score == 0.0
