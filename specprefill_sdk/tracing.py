@@ -27,6 +27,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -115,17 +116,24 @@ class Telemetry:
         A generator closed by its consumer (``GeneratorExit``) is a cancellation, not an error: the
         span gets ``specprefill.cancelled = true`` and no error status.
         """
-        with self.tracer.start_as_current_span(
-            name, kind=kind, attributes=_clean(attributes), record_exception=False, set_status_on_exception=False
-        ) as span:
-            try:
-                yield span
-            except GeneratorExit:
-                mark_cancelled(span)
-                raise
-            except BaseException as exc:
-                record_error(span, exc)
-                raise
+        span = self.tracer.start_span(name, kind=kind, attributes=_clean(attributes))
+        if not span.is_recording() and span.get_span_context() == trace.get_current_span().get_span_context():
+            # The API's no-op span (no SDK configured) carries the current context unchanged: there is
+            # nothing to record and nothing to attach, which keeps the no-SDK path cheap.
+            yield span
+            return
+        token = otel_context.attach(trace.set_span_in_context(span))
+        try:
+            yield span
+        except GeneratorExit:
+            mark_cancelled(span)
+            raise
+        except BaseException as exc:
+            record_error(span, exc)
+            raise
+        finally:
+            otel_context.detach(token)
+            span.end()
 
     def start_span(
         self,

@@ -264,6 +264,13 @@ assert out.usage.kept_tokens == 20
 span = Back.seen[-1]
 print("recording", span.is_recording(), "valid", span.get_span_context().is_valid)
 print("sdk imported", any(m.startswith("opentelemetry.sdk") for m in sys.modules))
+# an incoming traceparent still reaches the backend (and so an upstream request) unchanged
+from opentelemetry import context, propagate
+token = context.attach(propagate.extract({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}))
+pipe.generate(Prompt.from_token_ids(range(1, 41)), max_tokens=1)
+context.detach(token)
+seen = Back.seen[-1].get_span_context()
+print("passed through", format(seen.trace_id, "032x"), format(seen.span_id, "016x"))
 if sys.argv[1] == "configure-later":
     # a provider configured after the pipeline was built is picked up (the API's proxy providers)
     from specprefill_sdk.telemetry_setup import configure
@@ -283,12 +290,16 @@ def _run_no_sdk(mode: str) -> str:
 
 def test_nothing_is_recorded_without_an_sdk() -> None:
     out = _run_no_sdk("plain")
-    assert out.splitlines() == ["recording False valid False", "sdk imported False"]
+    assert out.splitlines() == [
+        "recording False valid False",
+        "sdk imported False",
+        "passed through 0af7651916cd43dd8448eb211c80319c b7ad6b7169203331",
+    ]
 
 
 def test_global_providers_set_later_are_used_by_an_existing_pipeline() -> None:
     out = _run_no_sdk("configure-later")
     assert out.splitlines()[:2] == ["recording False valid False", "sdk imported False"]
     assert "traced True" in out.splitlines()
-    names = {o["name"] for o in json_objects(out.split("traced True", 1)[0].split("sdk imported False", 1)[1])}
+    names = {o["name"] for o in json_objects(out.split("traced True", 1)[0].split("b7ad6b7169203331", 1)[1])}
     assert names == {"specprefill.pipeline", "specprefill.score", "specprefill.select", "text_completion tiny-target"}
