@@ -1,0 +1,415 @@
+"""`VLLMBackend`: the target model in an in-process ``vllm.LLM``, prefilled at original positions.
+
+Example::
+
+    from specprefill_sdk import Chunked, DraftAttentionScorer, KeepRate, Pipeline, Protect
+    from specprefill_sdk.backends.vllm import VLLMBackend
+
+    backend = VLLMBackend("/models/Llama-3.1-8B-Instruct", max_model_len=32768)
+    scorer = DraftAttentionScorer("/models/Llama-3.2-1B-Instruct", device=backend.draft_device)
+    pipe = Pipeline(scorer, Protect(Chunked(KeepRate(0.1), 32)), backend)
+    print(pipe.generate(long_messages, max_tokens=64).text)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError, ModelLoadError
+from ...interfaces import BackendCapabilities
+from ...models import DEFAULT_MODEL, resolve_model_path
+from ...types import (
+    Completion,
+    CompletionChunk,
+    CompressedPrompt,
+    FinishReason,
+    SamplingParams,
+    Timings,
+    Usage,
+)
+from ..base import BackendBase
+from .layout import encode_prompt
+from .parallel import DevicePlan, plan_devices
+from .plugin import EXPLICIT_ARCHITECTURES, SUPPORTED_ARCHITECTURES, check_vllm, register, supported_architecture
+
+__all__ = ["VLLMBackend"]
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "specprefill_sdk.backends.vllm.worker.SpecPrefillWorkerExtension"
+_V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
+
+
+def _ms(start: float, end: float | None = None) -> float:
+    return ((end if end is not None else time.perf_counter()) - start) * 1000.0
+
+
+def _architectures(source: Path | str, overrides: Mapping[str, Any] | None) -> list[str]:
+    if overrides and "architectures" in overrides:
+        return list(overrides["architectures"])
+    config = Path(source) / "config.json"
+    if not config.is_file():
+        return []  # a hub id: vLLM reads the config; the status probe still checks the model
+    try:
+        archs = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {config}: {exc}") from exc
+    return [str(a) for a in archs]
+
+
+class _EngineDriver:
+    """Serialises ``LLMEngine.step`` across threads and routes outputs to per-request queues.
+
+    Whichever caller holds the lock steps the engine for everyone, so concurrent `generate`
+    calls (threads, `agenerate`) share engine steps and batches.
+    """
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.lock = threading.Lock()
+        self.queues: dict[str, queue.SimpleQueue[Any]] = {}
+
+    def submit(self, prompt: Mapping[str, Any], params: Any) -> str:
+        rid = uuid.uuid4().hex
+        with self.lock:
+            self.queues[rid] = queue.SimpleQueue()
+            try:
+                self.engine.add_request(rid, dict(prompt), params)
+            except Exception as exc:
+                del self.queues[rid]
+                message = str(exc)
+                if "too long" in message or "max_model_len" in message or "maximum context" in message:
+                    raise ContextTooLongError(message) from exc
+                raise InvalidRequestError(f"vLLM refused the request: {message}") from exc
+        return rid
+
+    def next(self, rid: str) -> Any:
+        """The next output of request ``rid`` (blocks, stepping the engine as needed)."""
+        own = self.queues[rid]
+        while True:
+            try:
+                return own.get_nowait()
+            except queue.Empty:
+                pass
+            with self.lock:
+                if not own.empty():
+                    continue
+                try:
+                    outputs = self.engine.step()
+                except Exception as exc:
+                    raise BackendUnavailableError(f"the vLLM engine failed: {exc}") from exc
+                for out in outputs:
+                    target = self.queues.get(out.request_id)
+                    if target is not None:
+                        target.put(out)
+
+    def done(self, rid: str) -> None:
+        with self.lock:
+            self.queues.pop(rid, None)
+
+    def abort(self, rid: str) -> None:
+        with self.lock:
+            if self.queues.pop(rid, None) is not None:
+                self.engine.abort_request([rid])
+
+
+class VLLMBackend(BackendBase):
+    """The target runs in vLLM (V2 model runner) with the SpecPrefill plugin's positions.
+
+    Args:
+        model: a bundled model name, a Hugging Face model folder, or a hub id in the local cache.
+            Its architecture must be one the plugin covers (Llama, Mistral, Qwen2, Qwen3).
+        tokenizer: a tokenizer object, a path, or None (the model's own).
+        dtype: vLLM's dtype (``"auto"``, ``"bfloat16"``, ...).
+        max_model_len: the context length (default: the model's).
+        gpu_memory_utilization: vLLM's share of each GPU; None plans it with room for a draft of
+            ``draft_memory_gib`` beside rank 0 (see `plan_devices`).
+        tensor_parallel_size: vLLM's tensor parallelism.
+        draft_device: where the draft should score (``auto``: a spare GPU, else rank 0's GPU);
+            read back as `draft_device` to build the scorer.
+        enable_prefix_caching: vLLM prefix caching; compressed requests are salted by layout.
+        **engine_kwargs: passed to ``vllm.LLM`` (``enforce_eager``, ``max_num_batched_tokens``,
+            ``load_format``, ...).
+
+    Raises:
+        ModelLoadError: unknown model or an architecture the plugin does not cover.
+        BackendUnavailableError: vLLM missing or unsupported, or the engine does not run the
+            plugin's model state (for example on the V1 model runner).
+    """
+
+    capabilities = BackendCapabilities(supports_position_ids=True, supports_sessions=False,
+                                       supports_streaming=True)
+    provider_name = "vllm"
+
+    def __init__(
+        self,
+        model: str = DEFAULT_MODEL,
+        *,
+        tokenizer: Any = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        tensor_parallel_size: int = 1,
+        draft_device: str = "auto",
+        draft_memory_gib: float = 8.0,
+        enable_prefix_caching: bool = True,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        problem = check_vllm()
+        if problem:
+            raise BackendUnavailableError(f"VLLMBackend: {problem}")
+        source = resolve_model_path(model)
+        archs = _architectures(source, engine_kwargs.get("hf_overrides"))
+        if archs and supported_architecture(archs) is None:
+            raise ModelLoadError(
+                f"{model!r} is a {', '.join(archs)}; SpecPrefill positions on vLLM cover "
+                f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))} (or {', '.join(EXPLICIT_ARCHITECTURES)})"
+            )
+        register()  # this process resolves the architecture too
+        import torch
+        import vllm
+
+        num_gpus = torch.cuda.device_count()
+        total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if num_gpus else None
+        self.plan: DevicePlan = plan_devices(
+            tensor_parallel_size, num_gpus, draft_device=draft_device, gpu_memory_gib=total_gib,
+            draft_memory_gib=draft_memory_gib, gpu_memory_utilization=gpu_memory_utilization,
+        )
+        engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
+        self._name = Path(model).name if Path(model).exists() else model
+        t0 = time.perf_counter()
+        try:
+            self.llm = vllm.LLM(
+                model=str(source),
+                tokenizer=str(tokenizer) if isinstance(tokenizer, str | Path) else None,
+                dtype=dtype,
+                max_model_len=max_model_len,
+                gpu_memory_utilization=self.plan.gpu_memory_utilization,
+                tensor_parallel_size=tensor_parallel_size,
+                enable_prefix_caching=enable_prefix_caching,
+                seed=seed,
+                **engine_kwargs,
+            )
+        except Exception as exc:
+            raise BackendUnavailableError(f"vLLM could not start {model!r}: {exc}") from exc
+        logger.info("vLLM engine for %s ready in %.1f s", self._name, time.perf_counter() - t0)
+        self.status = self._check_workers()
+        self.engine = self.llm.llm_engine
+        self._driver = _EngineDriver(self.engine)
+        self._tokenizer = self._load_tokenizer(tokenizer, source, engine_kwargs)
+        self._max_context = int(self.engine.model_config.max_model_len)
+
+    # ------------------------------------------------------------------ construction helpers
+    def _check_workers(self) -> list[dict[str, Any]]:
+        try:
+            statuses = list(self.llm.collective_rpc("specprefill_status"))
+        except Exception as exc:
+            self.close()
+            raise BackendUnavailableError(f"cannot query the vLLM workers: {exc}") from exc
+        for status in statuses:
+            runner = str(status.get("runner") or "")
+            if not runner.startswith(_V2_RUNNER_MODULE):
+                self.close()
+                raise BackendUnavailableError(
+                    f"vLLM runs the model on {runner or 'an unknown runner'}; SpecPrefill positions need the "
+                    "V2 model runner (unset VLLM_USE_V2_MODEL_RUNNER=0 and avoid features that force V1)"
+                )
+            if status.get("state") != "SpecPrefillModelState":
+                self.close()
+                raise BackendUnavailableError(
+                    f"vLLM built {status.get('model')} with {status.get('state')}, not the SpecPrefill state: "
+                    "the architecture is not covered or the plugin is disabled (SPECPREFILL_VLLM_PLUGIN=0)"
+                )
+        return statuses
+
+    @staticmethod
+    def _load_tokenizer(tokenizer: Any, source: Path | str, engine_kwargs: Mapping[str, Any]) -> Any:
+        if tokenizer is not None and not isinstance(tokenizer, str | Path):
+            return tokenizer
+        if engine_kwargs.get("skip_tokenizer_init"):
+            return None
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(str(tokenizer or source), local_files_only=True)
+        except Exception as exc:
+            raise ModelLoadError(f"cannot load the tokenizer of {source}: {exc}") from exc
+
+    def close(self) -> None:
+        """Stop the engine's processes and free its GPU memory."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:  # shutting down twice, or an engine that died already
+            logger.debug("vLLM engine shutdown raised", exc_info=True)
+        self.llm = None
+
+    def __enter__(self) -> VLLMBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ Backend protocol
+    @property
+    def model_name(self) -> str:
+        return self._name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def draft_device(self) -> str:
+        """The device planned for the draft scorer (``cuda:N`` or ``cpu``)."""
+        return self.plan.draft_device
+
+    def request(self, prompt: CompressedPrompt, params: SamplingParams) -> tuple[dict[str, Any], Any]:
+        """The vLLM prompt dict and ``vllm.SamplingParams`` for a compressed prompt.
+
+        A compressed prompt carries its layout in ``extra_args`` and a ``cache_salt`` of it; a
+        dense one is a plain token prompt.
+        """
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if prompt.n + params.max_tokens > self._max_context:
+            raise ContextTooLongError(
+                f"the prompt has {prompt.n} tokens and asks for {params.max_tokens} more: that exceeds the "
+                f"model's context of {self._max_context} tokens", param="max_tokens")
+        if params.stop and self._tokenizer is None:
+            raise InvalidRequestError("stop strings need a tokenizer (the engine runs without one)", param="stop")
+        vllm_prompt, extra = encode_prompt(prompt)
+        vllm_params = VllmSamplingParams(
+            n=1,
+            max_tokens=params.max_tokens,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            stop=list(params.stop) or None,
+            extra_args=extra,
+            output_kind=RequestOutputKind.CUMULATIVE,
+            detokenize=self._tokenizer is not None,
+        )
+        return vllm_prompt, vllm_params
+
+    def _completion(self, prompt: CompressedPrompt, output: Any, t0: float, t_first: float | None) -> Completion:
+        out = output.outputs[0]
+        reason = out.finish_reason
+        finish: FinishReason = "length" if reason == "length" else "stop"
+        if reason not in (None, "stop", "length"):
+            logger.warning("vLLM finished a request with reason %r", reason)
+        t_end = time.perf_counter()
+        ttft = _ms(t0, t_first if t_first is not None else t_end)
+        return Completion(
+            text=out.text or "",
+            token_ids=tuple(int(t) for t in out.token_ids),
+            finish_reason=finish,
+            usage=Usage(prompt_tokens=prompt.n, kept_tokens=prompt.kept, completion_tokens=len(out.token_ids)),
+            timings=Timings(prefill=ttft, ttft=ttft, total=_ms(t0, t_end)),
+            model=self._name,
+        )
+
+    def _events(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[tuple[Any, float]]:
+        """Yield ``(cumulative output, wall time)`` until the request finishes; abort if closed early."""
+        if self.llm is None:
+            raise BackendUnavailableError("the vLLM backend is closed")
+        vllm_prompt, vllm_params = self.request(prompt, params)
+        rid = self._driver.submit(vllm_prompt, vllm_params)
+        finished = False
+        try:
+            while True:
+                output = self._driver.next(rid)
+                now = time.perf_counter()
+                finished = bool(output.finished)
+                yield output, now
+                if finished:
+                    return
+        finally:
+            if finished:
+                self._driver.done(rid)
+            else:
+                self._driver.abort(rid)
+
+    def generate(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
+        """Prefill the kept tokens at their original positions, decode from position ``n``."""
+        t0 = time.perf_counter()
+        t_first: float | None = None
+        last = None
+        for output, now in self._events(prompt, params):
+            if t_first is None and output.outputs and output.outputs[0].token_ids:
+                t_first = now
+            last = output
+        assert last is not None
+        return self._completion(prompt, last, t0, t_first)
+
+    def stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+        """Yield text deltas as vLLM produces them; the last chunk carries the `Completion`."""
+        t0 = time.perf_counter()
+        t_first: float | None = None
+        sent_text, sent_tokens = 0, 0
+        for output, now in self._events(prompt, params):
+            out = output.outputs[0]
+            if t_first is None and out.token_ids:
+                t_first = now
+            text, ids = out.text or "", tuple(int(t) for t in out.token_ids)
+            if output.finished:
+                completion = self._completion(prompt, output, t0, t_first)
+                yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:],
+                                      finish_reason=completion.finish_reason, completion=completion)
+                return
+            if len(ids) > sent_tokens:
+                yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:])
+                sent_text, sent_tokens = len(text), len(ids)
+
+    def generate_batch(self, prompts: Sequence[CompressedPrompt], params: SamplingParams) -> list[Completion]:
+        """Submit every prompt at once so vLLM batches them; results in input order."""
+        if self.llm is None:
+            raise BackendUnavailableError("the vLLM backend is closed")
+        t0 = time.perf_counter()
+        requests = [self.request(p, params) for p in prompts]
+        rids = [self._driver.submit(vp, sp) for vp, sp in requests]
+        results: list[Completion | None] = [None] * len(prompts)
+        try:
+            for i, (rid, prompt) in enumerate(zip(rids, prompts, strict=True)):
+                t_first: float | None = None
+                while True:
+                    output = self._driver.next(rid)
+                    now = time.perf_counter()
+                    if t_first is None and output.outputs and output.outputs[0].token_ids:
+                        # Outputs wait in the queue while earlier requests are drained: use vLLM's
+                        # own first-token time when it is recorded, else this (late) wall time.
+                        t_first = self._first_token_time(output, t0) or now
+                    if output.finished:
+                        results[i] = self._completion(prompt, output, t0, t_first)
+                        self._driver.done(rid)
+                        break
+        finally:
+            for rid, result in zip(rids, results, strict=True):
+                if result is None:
+                    self._driver.abort(rid)
+        return [r for r in results if r is not None]
+
+    @staticmethod
+    def _first_token_time(output: Any, t0: float) -> float | None:
+        metrics = getattr(output, "metrics", None)
+        first = getattr(metrics, "first_token_ts", 0.0) if metrics is not None else 0.0
+        if not first:
+            return None
+        # vLLM stamps with time.monotonic(); convert to the perf_counter clock used here.
+        return time.perf_counter() - (time.monotonic() - float(first))

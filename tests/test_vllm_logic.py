@@ -1,0 +1,403 @@
+"""Pure logic of the vLLM plugin: layouts, salts, request encoding, position tables, positions per
+step (chunked prefill, decode, preemption, mixed batches), device plans for tensor parallelism.
+
+None of this imports vLLM; the GPU side (the Triton kernel, the engine) is exercised by
+benchmarks/vllm_gpu.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from specprefill_sdk.backends.vllm.layout import (
+    KEY_N,
+    KEY_POSITIONS,
+    KEY_SPANS,
+    KEY_VERSION,
+    PositionLayout,
+    encode_prompt,
+    has_layout,
+)
+from specprefill_sdk.backends.vllm.parallel import plan_devices, rank_device
+from specprefill_sdk.backends.vllm.plugin import (
+    EXPLICIT_ARCHITECTURES,
+    check_vllm,
+    register,
+    registered,
+    supported_architecture,
+)
+from specprefill_sdk.backends.vllm.positions import PositionTable, reference_rope_positions
+from specprefill_sdk.errors import BackendUnavailableError, InvalidRequestError
+from specprefill_sdk.types import CompressedPrompt, Prompt, Selection
+
+# ---------------------------------------------------------------------------------------------- layouts
+
+
+def test_layout_from_positions_merges_runs_and_round_trips():
+    layout = PositionLayout.from_positions([0, 1, 2, 40, 41, 99], n=100)
+    assert layout.spans == ((0, 3), (40, 42), (99, 100))
+    assert layout.kept == 6 and layout.delta == 94 and not layout.is_dense
+    wire = layout.to_extra_args()
+    assert wire == {KEY_VERSION: 1, KEY_N: 100, KEY_SPANS: [0, 3, 40, 42, 99, 100]}
+    assert all(isinstance(v, int) for v in wire[KEY_SPANS])  # flat ints: what vllm_xargs accepts
+    assert PositionLayout.from_extra_args(wire, num_tokens=6) == layout
+    as_positions = {KEY_N: 100, KEY_POSITIONS: [0, 1, 2, 40, 41, 99]}
+    assert PositionLayout.from_extra_args(as_positions, num_tokens=6) == layout
+    np.testing.assert_array_equal(layout.positions(), [0, 1, 2, 40, 41, 99])
+
+
+def test_layout_accepts_json_floats_and_adjacent_spans():
+    # JSON clients may send 3.0 for 3; other encoders may split a run in two.
+    wire = {KEY_N: 10.0, KEY_SPANS: [0.0, 2, 2, 4, 7, 8]}
+    layout = PositionLayout.from_extra_args(wire)
+    assert layout.spans == ((0, 4), (7, 8)) and layout.n == 10
+
+
+@pytest.mark.parametrize(
+    ("wire", "num_tokens", "message"),
+    [
+        ({KEY_SPANS: [0, 3]}, None, "required"),
+        ({KEY_N: 10}, None, "exactly one"),
+        ({KEY_N: 10, KEY_SPANS: [0, 3], KEY_POSITIONS: [0, 1, 2]}, None, "exactly one"),
+        ({KEY_N: 10, KEY_SPANS: [0, 3, 5]}, None, "pairs"),
+        ({KEY_N: 10, KEY_SPANS: [5, 7, 0, 2]}, None, "sorted"),
+        ({KEY_N: 10, KEY_SPANS: [0, 3, 2, 5]}, None, "sorted"),
+        ({KEY_N: 10, KEY_SPANS: [0, 11]}, None, "exceeds"),
+        ({KEY_N: 10, KEY_SPANS: [3, 3]}, None, "empty"),
+        ({KEY_N: 10, KEY_POSITIONS: [0, 2, 2]}, None, "strictly increasing"),
+        ({KEY_N: 10, KEY_POSITIONS: [-1, 2]}, None, "non-negative"),
+        ({KEY_N: 10, KEY_POSITIONS: [0, 10]}, None, "below"),
+        ({KEY_N: 10, KEY_POSITIONS: []}, None, "keeps no token"),
+        ({KEY_N: 10, KEY_POSITIONS: [0, 1.5]}, None, "integers"),
+        ({KEY_N: 10, KEY_POSITIONS: [0, True]}, None, "integers"),
+        ({KEY_N: 10, KEY_POSITIONS: "0,1"}, None, "flat list"),
+        ({KEY_N: "10", KEY_POSITIONS: [0]}, None, "integer"),
+        ({KEY_N: 0, KEY_POSITIONS: [0]}, None, ">= 1"),
+        ({KEY_VERSION: 2, KEY_N: 10, KEY_POSITIONS: [0]}, None, "unsupported"),
+        ({KEY_N: 10, KEY_SPANS: [0, 3]}, 4, "places 3 tokens but the prompt has 4"),
+    ],
+)
+def test_layout_rejects_malformed_wire_forms(wire, num_tokens, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        PositionLayout.from_extra_args(wire, num_tokens=num_tokens)
+
+
+def test_has_layout_only_for_specprefill_keys():
+    assert not has_layout(None) and not has_layout({}) and not has_layout({"kv_transfer_params": {}})
+    assert has_layout({KEY_N: 3}) and has_layout({KEY_SPANS: [0, 1]})
+
+
+def test_prefill_positions_extend_with_the_delta_after_preemption():
+    layout = PositionLayout.from_positions([0, 5, 6, 9], n=12)  # K = 4, delta = 8
+    np.testing.assert_array_equal(layout.prefill_positions(4), [0, 5, 6, 9])
+    # Resumed after 3 generated tokens: they sat at n, n+1, n+2.
+    np.testing.assert_array_equal(layout.prefill_positions(7), [0, 5, 6, 9, 12, 13, 14])
+    assert layout.max_position(max_tokens=5) == 16
+    with pytest.raises(InvalidRequestError):
+        layout.prefill_positions(3)
+
+
+def test_cache_salt_is_stable_distinct_and_valid_for_vllm():
+    a = PositionLayout.from_positions([0, 1, 5], n=8)
+    same = PositionLayout.from_extra_args(a.to_extra_args())
+    other_positions = PositionLayout.from_positions([0, 1, 6], n=8)
+    other_n = PositionLayout.from_positions([0, 1, 5], n=9)
+    assert a.cache_salt() == same.cache_salt()
+    assert len({a.cache_salt(), other_positions.cache_salt(), other_n.cache_salt()}) == 3
+    salt = a.cache_salt()
+    # vLLM's rule for cache_salt: non-empty, <= 128 characters, none of '@', '/', '\\', NUL.
+    assert 0 < len(salt) <= 128 and not set(salt) & {"@", "/", "\\", "\0"}
+
+
+def _compressed(ids: list[int], keep: list[int]) -> CompressedPrompt:
+    prompt = Prompt.from_token_ids(ids)
+    selection = Selection(indices=tuple(keep), n=len(ids), protected=(False,) * len(keep))
+    return CompressedPrompt.from_selection(prompt, selection)
+
+
+def test_encode_prompt_dense_is_vanilla_and_compressed_carries_layout():
+    ids = list(range(100, 120))
+    dense_tokens, dense_extra = encode_prompt(CompressedPrompt.dense(Prompt.from_token_ids(ids)))
+    assert dense_tokens == {"prompt_token_ids": ids} and dense_extra is None
+    keep = [0, 1, 2, 3, 10, 11, 18, 19]
+    tokens, extra = encode_prompt(_compressed(ids, keep))
+    assert tokens["prompt_token_ids"] == [ids[i] for i in keep]
+    assert extra is not None
+    decoded = PositionLayout.from_extra_args(extra, num_tokens=len(tokens["prompt_token_ids"]))
+    np.testing.assert_array_equal(decoded.positions(), keep)
+    assert decoded.n == 20 and tokens["cache_salt"] == decoded.cache_salt()
+
+
+# ---------------------------------------------------------------------------------------------- tables
+
+
+class DeviceCopy:
+    """What the worker state keeps on the GPU, here as CPU tensors, fed by `TableWrites`."""
+
+    def __init__(self, table: PositionTable) -> None:
+        self.table = table
+        self.buffer = torch.zeros(table.capacity, dtype=torch.int32)
+        self.offset = torch.zeros(table.max_num_reqs, dtype=torch.int64)
+        self.length = torch.zeros(table.max_num_reqs, dtype=torch.int32)
+        self.delta = torch.zeros(table.max_num_reqs, dtype=torch.int32)
+
+    def apply(self) -> None:
+        writes = self.table.take_writes()
+        if writes.grown:
+            self.buffer = torch.zeros(writes.capacity, dtype=torch.int32)
+        assert len(np.unique(writes.indices)) == writes.indices.size, "duplicate writes race on a GPU"
+        self.buffer.index_copy_(0, torch.from_numpy(writes.indices), torch.from_numpy(writes.values))
+        if writes.meta_changed:
+            self.offset.copy_(torch.from_numpy(self.table.offset))
+            self.length.copy_(torch.from_numpy(self.table.length))
+            self.delta.copy_(torch.from_numpy(self.table.delta))
+
+    def row(self, slot: int) -> np.ndarray:
+        off, length = int(self.offset[slot]), int(self.length[slot])
+        return self.buffer[off : off + length].numpy()
+
+
+def test_table_rows_survive_compaction_and_growth():
+    table = PositionTable(max_num_reqs=4, capacity=8)
+    dev = DeviceCopy(table)
+    rows = {0: np.array([0, 4, 5], np.int32), 1: np.array([1, 2, 7, 9], np.int32)}
+    for slot, row in rows.items():
+        table.set(slot, row, delta=3)
+    dev.apply()
+    table.clear(0)  # leaves a hole at the front
+    rows.pop(0)
+    rows[2] = np.array([10, 11, 12, 13, 14], np.int32)  # does not fit after slot 1: compaction
+    table.set(2, rows[2], delta=1)
+    dev.apply()
+    assert table.capacity == 16  # 4 + 5 > 8: grown by doubling
+    rows[3] = np.arange(20, 26, dtype=np.int32)
+    table.set(3, rows[3], delta=0)
+    dev.apply()
+    for slot, row in rows.items():
+        np.testing.assert_array_equal(dev.row(slot), row)
+    assert int(dev.length[0]) == 0 and int(dev.delta[0]) == 0
+    assert table.active == 3 and table.used == 15
+
+
+def test_table_reused_slot_before_apply_has_no_overlapping_writes():
+    table = PositionTable(max_num_reqs=2, capacity=32)
+    dev = DeviceCopy(table)
+    table.set(0, np.array([3, 4, 5], np.int32), delta=2)
+    table.clear(0)  # finished in the same step it was added (say, aborted)
+    table.set(0, np.array([7, 8], np.int32), delta=5)  # the slot is reused at the same offset
+    dev.apply()
+    np.testing.assert_array_equal(dev.row(0), [7, 8])
+    assert int(dev.delta[0]) == 5
+
+
+def test_table_rejects_bad_slots_and_empty_tables_give_vanilla_positions():
+    table = PositionTable(max_num_reqs=2)
+    with pytest.raises(IndexError):
+        table.set(2, np.array([0], np.int32), delta=0)
+    table.set(1, np.array([], np.int32), delta=0)
+    assert table.row(1) is None and table.length[1] == 0
+
+
+# ---------------------------------------------------------------------------------------------- positions per step
+
+
+def _positions(dev: DeviceCopy, rows: list[tuple[int, int, int]], num_computed: dict[int, int],
+               max_position: int = 10_000) -> list[list[int]]:
+    """Run the reference kernel for batch rows ``(slot, num_tokens, _)``; split its output per row."""
+    slots = torch.tensor([r[0] for r in rows], dtype=torch.int64)
+    counts = [r[1] for r in rows]
+    qsl = torch.tensor([0, *np.cumsum(counts).tolist()], dtype=torch.int32)
+    computed = torch.zeros(dev.table.max_num_reqs, dtype=torch.int32)
+    for slot, value in num_computed.items():
+        computed[slot] = value
+    out = reference_rope_positions(dev.buffer, dev.offset, dev.length, dev.delta, slots, qsl, computed,
+                                   num_tokens=sum(counts), max_position=max_position)
+    return [out[int(qsl[i]) : int(qsl[i + 1])].tolist() for i in range(len(rows))]
+
+
+def test_mixed_batch_chunked_prefill_and_decode():
+    table = PositionTable(max_num_reqs=4)
+    dev = DeviceCopy(table)
+    compressed = PositionLayout.from_positions([0, 1, 2, 3, 20, 21, 22, 23, 38, 39], n=40)
+    table.set(0, compressed.prefill_positions(compressed.kept), compressed.delta)
+    table.set_dense(1)
+    other = PositionLayout.from_positions([0, 7, 8, 9], n=10)
+    table.set(2, other.prefill_positions(other.kept), other.delta)
+    dev.apply()
+    # Step: slot 0 prefills its second chunk (compact 4..7), slot 1 (vanilla) prefills 3 tokens
+    # from compact 5, slot 2 decodes its 3rd generated token (compact index 4 + 2 = 6).
+    got = _positions(dev, [(0, 4, 0), (1, 3, 0), (2, 1, 0)], {0: 4, 1: 5, 2: 6})
+    assert got == [[20, 21, 22, 23], [5, 6, 7], [12]]
+    # A step whose chunk crosses the end of the table: the last prefill tokens, then a draft-free
+    # decode position follows at n.
+    got = _positions(dev, [(0, 3, 0)], {0: 8})
+    assert got == [[38, 39, 40]]
+
+
+def test_positions_are_clamped_to_the_rotary_range():
+    table = PositionTable(max_num_reqs=1)
+    dev = DeviceCopy(table)
+    layout = PositionLayout.from_positions([0, 90], n=100)
+    table.set(0, layout.prefill_positions(layout.kept), layout.delta)
+    dev.apply()
+    assert _positions(dev, [(0, 1, 0)], {0: 5}, max_position=99) == [[99]]  # 5 + 98 -> clamped
+
+
+def _simulate(layout: PositionLayout, chunk: int, new_tokens: int, preempt_after: int | None) -> list[int]:
+    """Positions that one request's tokens get, step by step, as the V2 runner would drive the state.
+
+    Returns the RoPE position of every token written to the KV cache, in compact order, with a
+    preemption (request removed, then re-added with prompt + outputs as its prefill) if asked.
+    """
+    table = PositionTable(max_num_reqs=2, capacity=4)  # tiny: forces growth on the way
+    dev = DeviceCopy(table)
+    kv_positions: list[int] = []
+    outputs = 0
+    prefill_len = layout.kept
+    table.set(1, layout.prefill_positions(prefill_len), layout.delta)
+    dev.apply()
+    computed = 0
+    while outputs < new_tokens:
+        n_tok = min(chunk, prefill_len - computed) if computed < prefill_len else 1
+        got = _positions(dev, [(1, n_tok, 0)], {1: computed})[0]
+        # A preemption discards the KV cache: what was written is recomputed after resumption.
+        kv_positions[computed:] = got
+        computed += n_tok
+        if computed >= prefill_len:
+            outputs += 1  # the step that finishes the prefill (or a decode) samples a token
+        if preempt_after is not None and outputs == preempt_after:
+            preempt_after = None
+            table.clear(1)
+            dev.apply()
+            prefill_len = layout.kept + outputs  # prompt + outputs so far are prefilled again
+            table.set(1, layout.prefill_positions(prefill_len), layout.delta)
+            dev.apply()
+            computed = 0
+    return kv_positions
+
+
+@pytest.mark.parametrize("preempt_after", [None, 1, 3])
+@pytest.mark.parametrize("chunk", [3, 64])
+def test_request_positions_through_chunked_prefill_decode_and_preemption(chunk, preempt_after):
+    layout = PositionLayout.from_positions([0, 1, 2, 10, 11, 12, 13, 30, 31, 40, 41], n=42)
+    kv = _simulate(layout, chunk=chunk, new_tokens=6, preempt_after=preempt_after)
+    # KV entries: the kept tokens at their original positions, then generated tokens at n, n+1, ...
+    # (the last sampled token is not yet in the cache).
+    expected = [0, 1, 2, 10, 11, 12, 13, 30, 31, 40, 41, 42, 43, 44, 45, 46]
+    assert kv == expected
+
+
+# ---------------------------------------------------------------------------------------------- tensor parallelism
+
+
+def test_every_rank_builds_identical_tables_from_the_same_requests():
+    # Each tensor-parallel rank runs its own state and sees the same scheduler output.
+    events = [("set", 0, [0, 5, 6], 4), ("set", 1, [1, 2], 8), ("clear", 0, None, 0), ("set", 2, [3, 9, 10, 11], 1),
+              ("dense", 3, None, 0), ("set", 0, list(range(50, 70)), 2)]
+    ranks = [PositionTable(max_num_reqs=4, capacity=8) for _ in range(4)]
+    copies = [DeviceCopy(t) for t in ranks]
+    for kind, slot, row, delta in events:
+        for table, dev in zip(ranks, copies, strict=True):
+            if kind == "set":
+                table.set(slot, np.array(row, np.int32), delta)
+            elif kind == "clear":
+                table.clear(slot)
+            else:
+                table.set_dense(slot)
+            dev.apply()
+    first = copies[0]
+    for dev in copies[1:]:
+        assert torch.equal(dev.offset, first.offset) and torch.equal(dev.delta, first.delta)
+        for slot in range(4):
+            np.testing.assert_array_equal(dev.row(slot), first.row(slot))
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_draft_takes_a_spare_gpu_when_there_is_one(tp):
+    plan = plan_devices(tp, num_gpus=8, gpu_memory_gib=141, draft_memory_gib=6)
+    assert plan.target_devices == tuple(range(tp)) and plan.tensor_parallel_size == tp
+    if tp < 8:
+        assert plan.draft_device == f"cuda:{tp}" and not plan.shares_gpu
+        assert plan.gpu_memory_utilization == 0.90
+    else:
+        assert plan.draft_device == "cuda:0" and plan.shares_gpu
+        assert plan.gpu_memory_utilization == 0.85  # floor((0.90 - 6/141) * 100) / 100
+
+
+def test_shared_gpu_plans_room_for_the_draft_and_refuses_when_none_is_left():
+    plan = plan_devices(2, num_gpus=2, gpu_memory_gib=80, draft_memory_gib=16)
+    assert plan.draft_device == "cuda:0" and plan.shares_gpu and plan.gpu_memory_utilization == 0.70
+    kept = plan_devices(1, num_gpus=1, gpu_memory_gib=141, draft_memory_gib=6, gpu_memory_utilization=0.5)
+    assert kept.gpu_memory_utilization == 0.5
+    with pytest.raises(BackendUnavailableError, match="no room"):
+        plan_devices(1, num_gpus=1, gpu_memory_gib=40, draft_memory_gib=8, gpu_memory_utilization=0.9)
+    with pytest.raises(BackendUnavailableError, match="leaves vLLM only"):
+        plan_devices(1, num_gpus=1, gpu_memory_gib=24, draft_memory_gib=16)
+
+
+def test_explicit_draft_devices_and_bad_requests():
+    assert plan_devices(2, 4, draft_device="cuda:3").draft_device == "cuda:3"
+    assert plan_devices(2, 4, draft_device="cuda:1").shares_gpu
+    assert plan_devices(2, 2, draft_device="cpu").shares_gpu is False
+    assert plan_devices(1, 1, draft_device="cuda").draft_device == "cuda:0"
+    with pytest.raises(BackendUnavailableError, match="needs 4 GPUs"):
+        plan_devices(4, num_gpus=2)
+    with pytest.raises(BackendUnavailableError, match="not visible"):
+        plan_devices(1, 1, draft_device="cuda:1")
+    with pytest.raises(InvalidRequestError):
+        plan_devices(1, 1, draft_device="tpu")
+    with pytest.raises(InvalidRequestError):
+        plan_devices(0, 1)
+    assert [rank_device(r, 4, 4) for r in range(4)] == [0, 1, 2, 3]
+    with pytest.raises(InvalidRequestError):
+        rank_device(4, 4, 4)
+
+
+# ---------------------------------------------------------------------------------------------- plugin
+
+
+def test_supported_architectures_and_version_range():
+    assert supported_architecture(["LlamaForCausalLM"]) == "LlamaForCausalLM"
+    assert supported_architecture(["Qwen2ForCausalLM"]) == "Qwen2ForCausalLM"
+    assert supported_architecture(["GemmaForCausalLM", EXPLICIT_ARCHITECTURES[0]]) == EXPLICIT_ARCHITECTURES[0]
+    assert supported_architecture(["Gemma3ForCausalLM"]) is None
+    assert check_vllm("0.33.0") is None and check_vllm("0.33.2rc1+cu130") is None
+    assert "outside the supported range" in (check_vllm("0.32.1") or "")
+    assert "outside the supported range" in (check_vllm("1.0.0") or "")
+
+
+def _vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(_vllm_installed(), reason="checks the behaviour without vLLM")
+def test_register_without_vllm_logs_and_never_raises(caplog):
+    with caplog.at_level(logging.ERROR, logger="specprefill_sdk.backends.vllm.plugin"):
+        register()
+        register()  # idempotent, also when it cannot register
+    assert not registered()
+    assert "not installed" in caplog.text
+
+
+@pytest.mark.skipif(_vllm_installed(), reason="checks the behaviour without vLLM")
+def test_backend_without_vllm_is_a_clear_error():
+    from specprefill_sdk.backends.vllm import VLLMBackend
+
+    with pytest.raises(BackendUnavailableError, match=r"specprefill-sdk\[vllm\]"):
+        VLLMBackend("smollm2-135m")
+
+
+def test_importing_the_package_does_not_import_vllm():
+    code = ("import sys; import specprefill_sdk.backends.vllm as m; "
+            "assert 'vllm' not in sys.modules, 'vllm imported'; print(m.VLLMBackend.__name__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "VLLMBackend"
