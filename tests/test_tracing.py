@@ -389,3 +389,77 @@ def test_compress_traces_score_and_select_only(rec: Recorder) -> None:
     spans = rec.spans()
     assert set(spans) == {"specprefill.pipeline", "specprefill.score", "specprefill.select"}
     assert spans["specprefill.pipeline"].attributes["specprefill.operation"] == "compress"
+
+
+# --------------------------------------------------------------------------- the real pipeline
+@pytest.fixture(scope="module")
+def real(smollm: Any) -> tuple[Pipeline, Recorder]:
+    """The ``paper`` policy (keep rate 0.25) on SmolLM2-135M, recording into memory."""
+    from specprefill_sdk import load_pipeline
+
+    rec = Recorder()
+    pipe = load_pipeline(
+        "paper", model=smollm, keep_rate=0.25, tracer_provider=rec.tracer_provider, meter_provider=rec.meter_provider
+    )
+    return pipe, rec
+
+
+def essay_messages(essay: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": essay[:900] + "\n\nWhat is this text about? Answer in one sentence."}]
+
+
+@pytest.mark.slow
+def test_real_pipeline_spans_and_metrics(real: tuple[Pipeline, Recorder], essay: str) -> None:
+    pipe, rec = real
+    rec.spans_out.clear()
+    out = pipe.generate(essay_messages(essay), max_tokens=3)
+    n, kept = out.usage.prompt_tokens, out.usage.kept_tokens
+    assert 100 < n < 400 and 0 < kept < n
+    model = pipe.backend.model_name
+    spans = rec.spans()
+    assert set(spans) == {"specprefill.pipeline", "specprefill.score", "specprefill.select", f"chat {model}"}
+    assert_tree(spans, f"chat {model}")
+
+    score = spans["specprefill.score"].attributes
+    assert score["specprefill.scorer"] == "draft-attention" and score["specprefill.draft.model"] == pipe.draft_name
+    assert score["specprefill.look_ahead"] == 8 and score["specprefill.prompt_tokens"] == n
+    select = spans["specprefill.select"].attributes
+    assert select["specprefill.selector"] == pipe.selector.name
+    assert select["specprefill.keep_rate.requested"] == 0.25
+    assert select["specprefill.kept_tokens"] == kept and select["specprefill.keep_rate.actual"] == pytest.approx(
+        kept / n
+    )
+    assert select["specprefill.protected_tokens"] >= 2  # the attention sink and the generation prompt
+    inf = spans[f"chat {model}"].attributes
+    assert inf["gen_ai.operation.name"] == "chat" and inf["gen_ai.provider.name"] == "transformers"
+    assert inf["gen_ai.request.model"] == model
+    assert inf["gen_ai.usage.input_tokens"] == kept
+    assert inf["gen_ai.usage.output_tokens"] == out.usage.completion_tokens == len(out.token_ids)
+    assert inf["gen_ai.response.finish_reasons"] == (out.finish_reason,)
+    assert 0 < inf["gen_ai.response.time_to_first_chunk"] * 1000 <= out.timings.ttft
+    # the draft's scoring happens before the target's prefill, inside the TTFT the root reports
+    root = spans["specprefill.pipeline"]
+    assert root.attributes["specprefill.ttft_ms"] == pytest.approx(out.timings.ttft)
+    assert (spans["specprefill.score"].end_time - spans["specprefill.score"].start_time) / 1e6 <= out.timings.ttft
+
+    (ttft,) = rec.points("specprefill.ttft")
+    assert ttft.sum == pytest.approx(out.timings.ttft)
+    assert [p.value for p in rec.points("specprefill.prompt_tokens")] == [n]
+    assert [p.value for p in rec.points("specprefill.kept_tokens")] == [kept]
+    (score_ms,) = rec.points("specprefill.score.duration")
+    assert score_ms.sum == pytest.approx(out.timings.score) and score_ms.sum > 0
+
+
+@pytest.mark.slow
+def test_real_pipeline_stream(real: tuple[Pipeline, Recorder], essay: str) -> None:
+    pipe, rec = real
+    rec.spans_out.clear()
+    chunks = list(pipe.stream(essay_messages(essay), max_tokens=3))
+    done = chunks[-1].completion
+    assert done is not None and "".join(c.text for c in chunks) == done.text
+    inf = rec.spans()[f"chat {pipe.backend.model_name}"]
+    assert inf.attributes["gen_ai.request.stream"] is True
+    assert inf.attributes["gen_ai.usage.input_tokens"] == done.usage.kept_tokens < done.usage.prompt_tokens
+    assert [e.name for e in inf.events] == ["gen_ai.first_chunk"]
+    (ttfc,) = rec.points("gen_ai.client.operation.time_to_first_chunk")
+    assert ttfc.sum == pytest.approx(inf.attributes["gen_ai.response.time_to_first_chunk"])
