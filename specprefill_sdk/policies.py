@@ -74,8 +74,8 @@ class ScorerSettings(_Section):
     pool_kernel: int = Field(default=13, ge=1, le=1025)
     #: Seed of the ``random`` baseline.
     seed: int = 0
-    #: Tokens the ``head-tail`` baseline favours at the start (None: its default).
-    head: int | None = Field(default=None, ge=0)
+    #: Share of the kept tokens the ``head-tail`` baseline takes from the start, in [0, 1] (None: its default).
+    head: float | None = Field(default=None, ge=0, le=1)
 
 
 class SelectorSettings(_Section):
@@ -271,6 +271,8 @@ class Policy(BaseModel):
     def summary(self) -> str:
         """One line: the selector and scorer settings, e.g. for ``specprefill policies``."""
         s = self.selector
+        if s.kind == "keep-rate" and s.keep_rate >= 1:
+            return "keep everything (the draft never runs)"
         if s.kind == "keep-rate":
             keep = f"keep {s.keep_rate:g}"
         elif s.kind == "token-budget":
@@ -425,7 +427,7 @@ def load_pipeline(
         else:
             draft_spec = model if draft is None else draft
         kwargs: dict[str, Any] = {}
-        if pol.scorer.kind == "draft-attention":
+        if pol.scorer.kind in ("draft-attention", "self-information"):
             kwargs["target_tokenizer"] = backend.tokenizer
         if isinstance(draft_spec, str) and pol.scorer.kind in ("draft-attention", "self-information"):
             kwargs.update(device=device, dtype=dtype)
