@@ -49,7 +49,7 @@ def test_conservative_and_adaptive_presets() -> None:
     conservative = load_policy("conservative")
     assert conservative.selector.keep_rate == 0.3
     selector = conservative.build_selector()
-    assert isinstance(selector, Protect) and selector.roles == ("system",) and selector.last_user_turn
+    assert isinstance(selector, Protect) and selector.roles == ("system",) and not selector.last_user_turn
     adaptive = load_policy("adaptive").build_selector()
     assert isinstance(adaptive, Protect) and isinstance(adaptive.inner, Chunked)
     inner = adaptive.inner.inner
