@@ -115,7 +115,7 @@ def plan_devices(
                 f"gpu_memory_utilization={utilization} leaves no room for the draft "
                 f"({draft_memory_gib:.1f} GiB) on {draft}"
             )
-    if utilization < MIN_UTILIZATION:
+    if gpu_memory_utilization is None and utilization < MIN_UTILIZATION:
         raise BackendUnavailableError(
             f"the draft ({draft_memory_gib:.1f} GiB) leaves vLLM only {utilization:.2f} of {draft}; "
             "give the draft its own GPU or a smaller draft"
