@@ -1,0 +1,46 @@
+"""Next-token choice from logits: greedy, or temperature + top-p sampling with a seeded generator.
+
+Sampling always runs on the CPU with a CPU `torch.Generator`, so the same seed gives the same tokens
+whether the model runs on CPU or GPU (given equal probabilities).
+
+Example::
+
+    sampler = TokenSampler(SamplingParams(temperature=0.7, top_p=0.9, seed=1))
+    token = sampler.choose(logits)  # logits: 1-D tensor over the vocabulary
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..types import SamplingParams
+
+__all__ = ["TokenSampler"]
+
+
+class TokenSampler:
+    """Chooses one token per step for one sequence; holds that sequence's random generator."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.generator: torch.Generator | None = None
+        if not params.greedy:
+            self.generator = torch.Generator(device="cpu")
+            if params.seed is not None:
+                self.generator.manual_seed(int(params.seed))
+            else:
+                self.generator.seed()
+
+    def choose(self, logits: torch.Tensor) -> int:
+        """The next token id from 1-D ``logits`` (any device, any float dtype)."""
+        if self.params.greedy:
+            return int(torch.argmax(logits).item())
+        probs = torch.softmax(logits.detach().float().cpu() / float(self.params.temperature), dim=-1)
+        if self.params.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is short.
+            before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+            sorted_probs = torch.where(before < self.params.top_p, sorted_probs, torch.zeros_like(sorted_probs))
+            pick = torch.multinomial(sorted_probs, 1, generator=self.generator)
+            return int(order[pick].item())
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())

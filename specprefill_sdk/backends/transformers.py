@@ -1,0 +1,559 @@
+"""`TransformersBackend`: the in-process target model (Hugging Face transformers, CPU or CUDA).
+
+It prefills the kept tokens of a `CompressedPrompt` at their *original* position ids into a compact
+KV cache (one slot per kept token), then decodes at positions ``n, n+1, ...``. Every forward pass
+gets explicit ``position_ids`` (for RoPE) and an explicit 4-D attention mask built from positions
+(slot ``j`` is visible to a query at position ``p`` when ``position[j] <= p``), so transformers never
+guesses a mask from the position ids (non-contiguous ids would otherwise look like packed sequences).
+
+Example::
+
+    backend = TransformersBackend("smollm2-135m", device="cpu")
+    prompt = CompressedPrompt(token_ids=(1, 504, 2143), position_ids=(0, 7, 9), n=10)
+    print(backend.generate(prompt, SamplingParams(max_tokens=16)).text)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import ContextTooLongError, InvalidRequestError
+from ..interfaces import BackendCapabilities
+from ..models import LoadedModel, load_model
+from ..types import Completion, CompletionChunk, CompressedPrompt, FinishReason, SamplingParams, Timings, Usage
+from ._detok import TextAssembler
+from ._sampling import TokenSampler
+from .base import BackendBase
+
+__all__ = ["KVState", "TransformersBackend"]
+
+logger = logging.getLogger(__name__)
+
+#: Kept tokens per forward pass during prefill; bounds the attention mask and activations.
+DEFAULT_PREFILL_CHUNK = 4096
+#: Prompts per padded batch in `TransformersBackend.generate_batch`.
+DEFAULT_MAX_BATCH = 16
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+@dataclass
+class KVState:
+    """A compact target KV cache: slot ``j`` holds token ``token_ids[b, j]`` at original position ``positions[b, j]``.
+
+    ``valid`` marks real slots (left padding of a batch is not valid). ``next_positions[b]`` is the
+    position the next fed token gets; ``logits[b]`` (float32) predicts the token at that position.
+    Slots need not be sorted by position: attention is masked by position, not by slot order.
+    """
+
+    cache: Any
+    positions: torch.Tensor  # [B, S] int64, CPU
+    valid: torch.Tensor  # [B, S] bool, CPU
+    token_ids: torch.Tensor  # [B, S] int64, CPU
+    next_positions: list[int] = field(default_factory=list)
+    logits: torch.Tensor | None = None  # [B, V] float32, on the model's device
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.positions.shape[0])
+
+    @property
+    def slots(self) -> int:
+        """Cache slots per row (padding included)."""
+        return int(self.positions.shape[1])
+
+    @property
+    def next_position(self) -> int:
+        """The next position of a single-row state."""
+        self._single()
+        return self.next_positions[0]
+
+    def cached_positions(self) -> list[int]:
+        """Original positions held by a single-row state, in slot order."""
+        self._single()
+        return [int(p) for p, v in zip(self.positions[0].tolist(), self.valid[0].tolist(), strict=True) if v]
+
+    def cached_tokens(self) -> dict[int, int]:
+        """``{position: token id}`` of a single-row state."""
+        self._single()
+        return {
+            int(p): int(t)
+            for p, t, v in zip(
+                self.positions[0].tolist(), self.token_ids[0].tolist(), self.valid[0].tolist(), strict=True
+            )
+            if v
+        }
+
+    def _single(self) -> None:
+        if self.batch_size != 1:
+            raise ValueError(f"this operation needs a single-row KVState, got {self.batch_size} rows")
+
+
+def _cache_layers(cache: Any) -> list[Any]:
+    layers = getattr(cache, "layers", None)
+    if layers is None:
+        raise TypeError(f"unsupported cache type {type(cache).__name__}: expected a transformers DynamicCache")
+    return [layer for layer in layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
+
+
+class TransformersBackend(BackendBase):
+    """Exact speculative prefill on a Hugging Face causal LM: kept tokens at original positions.
+
+    Args:
+        model: a model spec for `load_model` (bundled name, folder, ``.gguf``, cached hub id) or a
+            `LoadedModel` (shared, e.g. with a draft scorer).
+        device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ... (only when loading by name).
+        dtype: ``"auto"`` (bf16), ``"float32"``, ... (only when loading by name).
+        prefill_chunk: kept tokens per forward pass during prefill.
+        max_batch_size: prompts per padded batch in `generate_batch`.
+
+    Example::
+
+        backend = TransformersBackend("smollm2-135m")
+        completion = backend.generate(CompressedPrompt.dense(prompt), SamplingParams(max_tokens=32))
+    """
+
+    provider_name = "transformers"
+
+    def __init__(
+        self,
+        model: str | LoadedModel = "smollm2-135m",
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_batch_size: int = DEFAULT_MAX_BATCH,
+    ) -> None:
+        if isinstance(model, LoadedModel):
+            if device != "auto" and torch.device(device) != model.device:
+                raise InvalidRequestError(
+                    f"device={device!r} differs from the loaded model's {model.device}; "
+                    "device and dtype apply only when loading a model by name"
+                )
+            self.loaded = model
+        else:
+            self.loaded = load_model(model, device=device, dtype=dtype)
+        if prefill_chunk < 1 or max_batch_size < 1:
+            raise InvalidRequestError("prefill_chunk and max_batch_size must be >= 1")
+        self.prefill_chunk = prefill_chunk
+        self.max_batch_size = max_batch_size
+        self.capabilities = BackendCapabilities(
+            supports_position_ids=True, supports_sessions=True, supports_streaming=True
+        )
+        net = self.loaded.model
+        self._ensure_mask_attention(net)
+        params = inspect.signature(net.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        self._pass_cache_position = "cache_position" in params
+        self._logits_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
+        self.vocab_size = int(net.get_input_embeddings().num_embeddings)
+        self._eos = frozenset(self.loaded.eos_token_ids)
+        self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def model_name(self) -> str:
+        return self.loaded.name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.loaded.tokenizer
+
+    @property
+    def max_context(self) -> int:
+        return self.loaded.max_context
+
+    @property
+    def device(self) -> torch.device:
+        return self.loaded.device
+
+    def __repr__(self) -> str:
+        return f"TransformersBackend({self.model_name!r}, device={str(self.device)!r}, dtype={self.loaded.dtype})"
+
+    # ----------------------------------------------------------------- model set-up
+    @staticmethod
+    def _ensure_mask_attention(net: Any) -> None:
+        impl = getattr(net.config, "_attn_implementation", None)
+        if impl in ("sdpa", "eager"):
+            return
+        # Flash-attention paths ignore a 4-D mask and derive sequence boundaries from position ids.
+        logger.warning("attention implementation %r cannot take an explicit position mask; switching to sdpa", impl)
+        net.set_attn_implementation("sdpa")
+
+    @staticmethod
+    def _layer_kinds(config: Any) -> tuple[tuple[str, ...], int | None]:
+        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+        window = getattr(cfg, "sliding_window", None)
+        types = getattr(cfg, "layer_types", None)
+        if types is None:
+            # Mistral-style configs: one window for every layer when it is set.
+            return (("sliding_attention",) if window else ("full_attention",)), window
+        kinds = tuple(dict.fromkeys(types))
+        unknown = set(kinds) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise InvalidRequestError(f"layer types {sorted(unknown)} are not supported by TransformersBackend")
+        if "sliding_attention" in kinds and not window:
+            raise InvalidRequestError("the config has sliding-attention layers but no sliding_window")
+        return kinds, window
+
+    # ----------------------------------------------------------------- validation
+    def check(self, prompt: CompressedPrompt, params: SamplingParams | None = None) -> None:
+        """Raise for ids outside the vocabulary or a prompt that does not fit the context.
+
+        Raises:
+            InvalidRequestError: a token id outside ``[0, vocab_size)``.
+            ContextTooLongError: ``n`` (plus ``max_tokens``) exceeds `max_context`.
+        """
+        if not isinstance(prompt, CompressedPrompt):
+            raise InvalidRequestError(f"expected a CompressedPrompt, got {type(prompt).__name__}")
+        bad = [t for t in prompt.token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})", param="prompt_token_ids"
+            )
+        limit = self.max_context
+        need = prompt.n + (params.max_tokens if params is not None else 0)
+        if prompt.n >= limit or need > limit:
+            raise ContextTooLongError(
+                f"the prompt spans {prompt.n} positions"
+                + (f" and asks for {params.max_tokens} more" if params is not None else "")
+                + f": that exceeds the model's context of {limit} tokens",
+                param="messages",
+            )
+
+    # ----------------------------------------------------------------- KV state
+    def new_state(self, batch_size: int = 1) -> KVState:
+        """An empty KV state (its cache holds a full, unbounded layer per model layer)."""
+        from transformers import DynamicCache
+
+        # No config: every layer keeps all its slots. Sliding windows are applied by the position mask,
+        # which a window-truncating cache layer would contradict.
+        empty = torch.zeros(batch_size, 0, dtype=torch.long)
+        return KVState(
+            cache=DynamicCache(),
+            positions=empty,
+            valid=empty.bool(),
+            token_ids=empty.clone(),
+            next_positions=[0] * batch_size,
+        )
+
+    def _masks(self, qpos: torch.Tensor, qvalid: torch.Tensor, kpos: torch.Tensor, kvalid: torch.Tensor) -> Any:
+        """The 4-D masks for queries at ``qpos`` over keys ``kpos`` (cached slots then the new tokens)."""
+        dev = self.device
+        qpos_d, kpos_d = qpos.to(dev), kpos.to(dev)
+        allowed = kvalid.to(dev)[:, None, :] & (kpos_d[:, None, :] <= qpos_d[:, :, None])  # [B, q, kv]
+        q = qpos.shape[1]
+        if not bool(qvalid.all()):
+            # Padding queries attend to themselves only: no row is fully masked, so no NaN reaches the cache.
+            cols = torch.arange(q, device=dev) + (kpos.shape[1] - q)
+            pad = ~qvalid.to(dev)
+            allowed[:, torch.arange(q, device=dev), cols] |= pad
+        masks: dict[str, torch.Tensor] = {}
+        for kind in self._mask_kinds:
+            m = allowed
+            if kind == "sliding_attention":
+                assert self._sliding_window is not None
+                m = m & ((qpos_d[:, :, None] - kpos_d[:, None, :]) < self._sliding_window)
+                if not bool(qvalid.all()):
+                    m = m | (allowed & ~qvalid.to(dev)[:, :, None])
+            masks[kind] = self._as_attention_mask(m[:, None, :, :])
+        if len(masks) == 1:
+            return next(iter(masks.values()))
+        return masks
+
+    def _as_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        if getattr(self.loaded.model.config, "_attn_implementation", "sdpa") == "eager":
+            dtype = self.loaded.model.dtype
+            return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+                ~allowed, torch.finfo(dtype).min
+            )
+        return allowed
+
+    @torch.no_grad()
+    def _forward(self, state: KVState, ids: torch.Tensor, qpos: torch.Tensor, qvalid: torch.Tensor) -> torch.Tensor:
+        """Run ``ids`` ([B, q]) at positions ``qpos`` against ``state``; append them; return last logits [B, V]."""
+        kpos = torch.cat([state.positions, qpos], dim=1)
+        kvalid = torch.cat([state.valid, qvalid], dim=1)
+        dev = self.device
+        kwargs: dict[str, Any] = {
+            "input_ids": ids.to(dev),
+            "position_ids": qpos.to(dev),
+            "attention_mask": self._masks(qpos, qvalid, kpos, kvalid),
+            self._cache_kw: state.cache,
+            "use_cache": True,
+        }
+        if self._pass_cache_position:  # older transformers: the compact slot index of each new token
+            kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
+        if self._logits_kw is not None:
+            kwargs[self._logits_kw] = 1
+        out = self.loaded.model(**kwargs)
+        state.positions, state.valid = kpos, kvalid
+        state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)
+        return out.logits[:, -1, :].float()
+
+    def prefill(self, prompt: CompressedPrompt, state: KVState | None = None) -> KVState:
+        """Bring ``state`` (or a new one) up to ``prompt``: kept tokens not yet cached are prefilled.
+
+        Each new token attends to every cached or new token of smaller position, so a cache extended
+        turn by turn (or with earlier positions filled in) reads as one prompt. Tokens already cached
+        stay; the logits for position ``prompt.n`` are computed by the kept token of largest position
+        (recomputed if it was cached). Returns the state, now at ``next_position == prompt.n``.
+
+        Raises:
+            InvalidRequestError: ids outside the vocabulary, or a cache that disagrees with ``prompt``.
+            ContextTooLongError: ``prompt.n`` does not fit the context.
+        """
+        self.check(prompt)
+        if state is None:
+            state = self.new_state()
+        cached = state.cached_tokens()
+        for pos, tok in zip(prompt.position_ids, prompt.token_ids, strict=True):
+            if pos in cached and cached[pos] != tok:
+                raise InvalidRequestError(f"the cache holds token {cached[pos]} at position {pos}, the prompt {tok}")
+        last = prompt.position_ids[-1]
+        if cached and max(cached) > last:
+            raise InvalidRequestError(
+                f"the cache holds position {max(cached)}, beyond the prompt's last kept token at {last}; evict it first"
+            )
+        if last in cached:
+            self.evict_positions(state, [last])
+            cached.pop(last)
+        new = [(p, t) for p, t in zip(prompt.position_ids, prompt.token_ids, strict=True) if p not in cached]
+        logits: torch.Tensor | None = None
+        for start in range(0, len(new), self.prefill_chunk):
+            part = new[start : start + self.prefill_chunk]
+            ids = torch.tensor([[t for _, t in part]], dtype=torch.long)
+            qpos = torch.tensor([[p for p, _ in part]], dtype=torch.long)
+            logits = self._forward(state, ids, qpos, torch.ones_like(qpos, dtype=torch.bool))
+        state.logits = logits
+        state.next_positions = [prompt.n]
+        return state
+
+    def _prefill_padded(self, prompts: Sequence[CompressedPrompt]) -> KVState:
+        """Prefill several prompts into one left-padded batch state."""
+        width = max(p.kept for p in prompts)
+        ids = torch.zeros(len(prompts), width, dtype=torch.long)
+        pos = torch.zeros(len(prompts), width, dtype=torch.long)
+        valid = torch.zeros(len(prompts), width, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            ids[b, width - p.kept :] = torch.tensor(p.token_ids)
+            pos[b, width - p.kept :] = torch.tensor(p.position_ids)
+            valid[b, width - p.kept :] = True
+        state = self.new_state(len(prompts))
+        logits: torch.Tensor | None = None
+        for start in range(0, width, self.prefill_chunk):
+            end = start + self.prefill_chunk
+            logits = self._forward(state, ids[:, start:end], pos[:, start:end], valid[:, start:end])
+        state.logits = logits
+        state.next_positions = [p.n for p in prompts]
+        return state
+
+    @torch.no_grad()
+    def evict(self, state: KVState, keep_slots: Sequence[int]) -> None:
+        """Keep only the slots ``keep_slots`` (indices into the slot axis) of every row of ``state``."""
+        index = torch.tensor(sorted(set(keep_slots)), dtype=torch.long)
+        if index.numel() and (int(index[0]) < 0 or int(index[-1]) >= state.slots):
+            raise IndexError(f"slot indices must lie in [0, {state.slots})")
+        for layer in _cache_layers(state.cache):
+            dev_index = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(-2, dev_index)
+            layer.values = layer.values.index_select(-2, dev_index)
+        state.positions = state.positions.index_select(1, index)
+        state.valid = state.valid.index_select(1, index)
+        state.token_ids = state.token_ids.index_select(1, index)
+        state.logits = None
+
+    def evict_positions(self, state: KVState, positions: Sequence[int]) -> int:
+        """Drop the slots of a single-row state that hold these original positions; return how many."""
+        drop = {int(p) for p in positions}
+        pos = state.positions[0].tolist()
+        valid = state.valid[0].tolist()
+        keep = [j for j, (p, v) in enumerate(zip(pos, valid, strict=True)) if v and p not in drop]
+        removed = state.slots - len(keep)
+        if removed:
+            self.evict(state, keep)
+        return removed
+
+    @torch.no_grad()
+    def _select_rows(self, state: KVState, rows: Sequence[int]) -> None:
+        index = torch.tensor(list(rows), dtype=torch.long)
+        for layer in _cache_layers(state.cache):
+            dev_index = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(0, dev_index)
+            layer.values = layer.values.index_select(0, dev_index)
+        state.positions = state.positions.index_select(0, index)
+        state.valid = state.valid.index_select(0, index)
+        state.token_ids = state.token_ids.index_select(0, index)
+        state.next_positions = [state.next_positions[r] for r in rows]
+        if state.logits is not None:
+            state.logits = state.logits.index_select(0, index.to(state.logits.device))
+
+    def feed(self, state: KVState, tokens: Sequence[int]) -> None:
+        """Append one token per row at each row's next position; update ``state.logits``."""
+        if len(tokens) != state.batch_size:
+            raise ValueError(f"{len(tokens)} tokens for {state.batch_size} rows")
+        if max(state.next_positions) >= self.max_context:
+            raise ContextTooLongError(
+                f"position {max(state.next_positions)} is beyond the model's context of {self.max_context} tokens"
+            )
+        ids = torch.tensor([[int(t)] for t in tokens], dtype=torch.long)
+        qpos = torch.tensor([[p] for p in state.next_positions], dtype=torch.long)
+        state.logits = self._forward(state, ids, qpos, torch.ones_like(qpos, dtype=torch.bool))
+        state.next_positions = [p + 1 for p in state.next_positions]
+
+    def decode(self, state: KVState, params: SamplingParams) -> Iterator[int]:
+        """Sample up to ``params.max_tokens`` tokens from a single-row state, feeding each back.
+
+        A token is fed only when the next one is asked for, so the caller that stops (EOS, a stop
+        string) leaves the state holding the prompt and every generated token but the last.
+        """
+        if state.logits is None:
+            raise InvalidRequestError("the state has no logits to decode from: prefill it first")
+        sampler = TokenSampler(params)
+        token: int | None = None
+        for _ in range(params.max_tokens):
+            if token is not None:
+                self.feed(state, [token])
+            assert state.logits is not None
+            token = sampler.choose(state.logits[0])
+            yield token
+
+    # ----------------------------------------------------------------- generation
+    def _completion(self, prompt: CompressedPrompt, run: _Run, timings: Timings) -> Completion:
+        return Completion(
+            text=run.assembler.text,
+            token_ids=tuple(run.tokens),
+            finish_reason=run.finish_reason or "length",
+            usage=Usage(prompt_tokens=prompt.n, kept_tokens=prompt.kept, completion_tokens=len(run.tokens)),
+            timings=timings,
+            model=self.model_name,
+            selection=prompt.selection,
+        )
+
+    def stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+        """Prefill ``prompt`` at its positions, decode from ``prompt.n``, yield one chunk per token.
+
+        Text deltas hold back incomplete characters and any tail that could begin a stop string; the
+        last chunk has ``finish_reason`` and the whole `Completion`.
+        """
+        self.check(prompt, params)
+        return self._stream(prompt, params)
+
+    def _stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+        t0 = time.perf_counter()
+        state = self.prefill(prompt)
+        prefill_ms = _ms(t0)
+        run = _Run(self.tokenizer, self._eos, params)
+        ttft = 0.0
+        for token in self.decode(state, params):
+            if not run.tokens:
+                ttft = _ms(t0)
+            delta = run.push(token)
+            if run.finish_reason is None:
+                yield CompletionChunk(text=delta, token_ids=(token,))
+                continue
+            timings = Timings(prefill=prefill_ms, ttft=ttft, total=_ms(t0))
+            completion = self._completion(prompt, run, timings)
+            yield CompletionChunk(
+                text=delta, token_ids=(token,), finish_reason=run.finish_reason, completion=completion
+            )
+            return
+
+    def generate(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
+        """Prefill ``prompt`` at its position ids, decode from position ``prompt.n``.
+
+        Raises:
+            InvalidRequestError: ids outside the vocabulary.
+            ContextTooLongError: ``n + max_tokens`` exceeds `max_context`.
+        """
+        last: CompletionChunk | None = None
+        for last in self.stream(prompt, params):  # noqa: B007
+            pass
+        assert last is not None and last.completion is not None
+        return last.completion
+
+    def generate_batch(self, prompts: Sequence[CompressedPrompt], params: SamplingParams) -> list[Completion]:
+        """Generate for several prompts in left-padded batches: each row keeps its own positions.
+
+        Each row sees exactly the keys a single call would (padding is masked out) and samples with
+        its own generator seeded like a single call, so the results equal
+        ``[generate(p, params) for p in prompts]`` up to floating-point summation order.
+        """
+        if isinstance(prompts, CompressedPrompt):
+            raise InvalidRequestError("generate_batch takes a list of prompts; use generate for one prompt")
+        prompts = list(prompts)
+        for p in prompts:
+            self.check(p, params)
+        results: list[Completion] = []
+        for start in range(0, len(prompts), self.max_batch_size):
+            group = prompts[start : start + self.max_batch_size]
+            if len(group) == 1:
+                results.append(self.generate(group[0], params))
+            else:
+                results.extend(self._generate_padded(group, params))
+        return results
+
+    def _generate_padded(self, prompts: list[CompressedPrompt], params: SamplingParams) -> list[Completion]:
+        t0 = time.perf_counter()
+        state = self._prefill_padded(prompts)
+        prefill_ms = _ms(t0)
+        runs = [_Run(self.tokenizer, self._eos, params) for _ in prompts]
+        samplers = [TokenSampler(params) for _ in prompts]
+        done: dict[int, Completion] = {}
+        active = list(range(len(prompts)))  # prompt index of each state row
+        ttft = 0.0
+        while True:
+            assert state.logits is not None
+            tokens = [samplers[i].choose(state.logits[row]) for row, i in enumerate(active)]
+            if not ttft:
+                ttft = _ms(t0)
+            for i, token in zip(active, tokens, strict=True):
+                runs[i].push(token)
+            keep = [row for row, i in enumerate(active) if runs[i].finish_reason is None]
+            for i in active:
+                if runs[i].finish_reason is not None:
+                    done[i] = self._completion(
+                        prompts[i], runs[i], Timings(prefill=prefill_ms, ttft=ttft, total=_ms(t0))
+                    )
+            if not keep:
+                break
+            if len(keep) < len(active):
+                self._select_rows(state, keep)
+                tokens = [tokens[row] for row in keep]
+                active = [active[row] for row in keep]
+            self.feed(state, tokens)
+        return [done[i] for i in range(len(prompts))]
+
+
+class _Run:
+    """One sequence's generated tokens, text and finish reason."""
+
+    def __init__(self, tokenizer: Any, eos: frozenset[int], params: SamplingParams) -> None:
+        self.assembler = TextAssembler(tokenizer, params.stop)
+        self.eos = eos
+        self.max_tokens = params.max_tokens
+        self.tokens: list[int] = []
+        self.finish_reason: FinishReason | None = None
+
+    def push(self, token: int) -> str:
+        """Record one token; return the text delta it releases."""
+        self.tokens.append(token)
+        if token in self.eos:
+            self.finish_reason = "stop"
+            return self.assembler.finish()
+        delta = self.assembler.add(token)
+        if self.assembler.stopped:
+            self.finish_reason = "stop"
+        elif len(self.tokens) >= self.max_tokens:
+            self.finish_reason = "length"
+            delta += self.assembler.finish()
+        return delta
