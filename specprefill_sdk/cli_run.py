@@ -96,6 +96,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sampling.add_argument("--temperature", type=_temperature, default=0.0, help="0 is greedy (default: 0)")
     sampling.add_argument("--seed", type=int, default=None, help="seed for sampling")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
+    parser.add_argument(
+        "--otel",
+        choices=("none", "console", "otlp"),
+        default="none",
+        help="export traces and metrics: console (JSON on stderr) or otlp (configured by the OTEL_* "
+        "variables); needs specprefill-sdk[otel] (default: none)",
+    )
 
 
 def _read_file(name: str, what: str) -> str:
@@ -234,7 +241,20 @@ def main(args: argparse.Namespace) -> int:
     # Library code and the libraries below it may print; stdout belongs to the answer alone.
     with contextlib.redirect_stdout(sys.stderr):
         _quiet_transformers(getattr(args, "verbose", 0))
-        pipe = load_pipeline(policy, model=args.model, draft=args.draft, device=args.device, dtype=args.dtype)
+        tracer_provider, meter_provider = None, None
+        if getattr(args, "otel", "none") != "none":
+            from .telemetry_setup import configure
+
+            tracer_provider, meter_provider = configure(args.otel)
+        pipe = load_pipeline(
+            policy,
+            model=args.model,
+            draft=args.draft,
+            device=args.device,
+            dtype=args.dtype,
+            tracer_provider=tracer_provider,
+            meter_provider=meter_provider,
+        )
         prompt = _build_prompt(pipe, given, args.chat_template)
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
         completion = pipe.generate(prompt, **sampling) if args.json else None
