@@ -63,6 +63,7 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (("run", "--prompt-file", "/"), ("is a folder",)),
         (("run", "--messages-file", "/nonexistent/chat.json"), ("messages file not found",)),
         (("run", "--prompt", "hi", "--unknown-flag"), ("unrecognized arguments",)),
+        (("run", "--prompt", "hi", "--dtype", "int3"), ("unknown dtype 'int3'",)),
         (("frobnicate",), ("invalid choice",)),
         (("policies", "fastest"), ("unknown policy",)),
     ],
@@ -193,7 +194,7 @@ QUESTION = "\n\nQuestion: in one sentence, what is this text about?"
 @pytest.mark.slow
 def test_run_json_prints_exactly_one_object(tmp_path: Path, essay: str) -> None:
     path = tmp_path / "prompt.txt"
-    path.write_text(essay[:1500] + QUESTION)
+    path.write_text(essay[:1000] + QUESTION)
     result = cli("run", "--prompt-file", str(path), "--keep", "0.2", "--max-tokens", "6", "--json", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -222,7 +223,7 @@ def test_run_human_output_streams_the_answer_then_statistics(smollm, tmp_path: P
     from specprefill_sdk.cli import main
 
     path = tmp_path / "chat.json"
-    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": essay[:1200] + QUESTION}]
+    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": essay[:800] + QUESTION}]
     path.write_text(json.dumps({"messages": messages}))
     status = main(
         [
