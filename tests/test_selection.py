@@ -309,6 +309,9 @@ def test_protect_wraps_any_selector_by_union() -> None:
 
     sel = Protect(LastToken(), tail=False).select(text_prompt(10), ramp(10))
     assert sel.indices == (0, 9) and sel.protected == (True, False) and sel.reason == "last"
+    sel = Protect(DenseBelow(LastToken(), 5), tail=False).select(text_prompt(10), ramp(10))
+    assert sel.indices == (0, 9) and sel.protected == (True, False)
+    assert DenseBelow(LastToken(), 5).select(text_prompt(10), ramp(10)).indices == (9,)
 
 
 @pytest.mark.parametrize(

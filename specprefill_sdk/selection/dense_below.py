@@ -9,7 +9,7 @@ import torch
 from ..errors import InvalidRequestError
 from ..interfaces import Selector
 from ..types import Prompt, Selection, TokenScores
-from .base import FillSelector, check_int, dense_selection, prompt_protected
+from .base import FillSelector, check_int, dense_selection, prompt_protected, selection_from_mask
 
 __all__ = ["DenseBelow"]
 
@@ -65,6 +65,14 @@ class DenseBelow:
             return self._dense(prompt, forced.to(torch.bool) | own)
         if isinstance(self.inner, FillSelector):
             return self.inner.fill(prompt, scores, forced)
-        if bool(forced.any()):
-            raise InvalidRequestError(f"{self.inner.name} cannot keep forced tokens", param="selector")
-        return self.inner.select(prompt, scores)
+        chosen = self.inner.select(prompt, scores)
+        if not bool(forced.any()):
+            return chosen
+        # A selector without `fill` cannot count forced tokens toward its budget: add them on top.
+        return selection_from_mask(
+            chosen.mask() | forced.to(torch.bool),
+            forced.to(torch.bool),
+            requested_rate=chosen.requested_rate,
+            chunk_size=chosen.chunk_size,
+            reason=chosen.reason,
+        )
