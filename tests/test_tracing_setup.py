@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -303,3 +304,53 @@ def test_global_providers_set_later_are_used_by_an_existing_pipeline() -> None:
     assert "traced True" in out.splitlines()
     names = {o["name"] for o in json_objects(out.split("traced True", 1)[0].split("b7ad6b7169203331", 1)[1])}
     assert names == {"specprefill.pipeline", "specprefill.score", "specprefill.select", "text_completion tiny-target"}
+
+
+# --------------------------------------------------------------------------- the command line
+@pytest.mark.slow
+def test_specprefill_run_otel_console_keeps_stdout_for_the_answer(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OTEL_SERVICE_NAME": "cli-check"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "specprefill_sdk",
+            "run",
+            "--otel",
+            "console",
+            "--keep",
+            "0.5",
+            "--max-tokens",
+            "2",
+            "--prompt",
+            "The capital of France is Paris. The capital of Italy is Rome. What is the capital of France?",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "{" not in proc.stdout and proc.stdout.strip()  # the answer alone
+    spans = [
+        o
+        for o in json_objects(proc.stderr[proc.stderr.index("{") :].split("\nprompt tokens", 1)[0])
+        if "name" in o and "context" in o
+    ]
+    names = {s["name"] for s in spans}
+    assert {"specprefill.pipeline", "specprefill.select", "chat smollm2-135m"} <= names
+    assert len({s["context"]["trace_id"] for s in spans}) == 1
+    assert {s["resource"]["attributes"]["service.name"] for s in spans} == {"cli-check"}
+
+
+def test_specprefill_run_rejects_an_unknown_exporter() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "specprefill_sdk", "run", "--otel", "zipkin", "--prompt", "hi"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2 and "--otel" in proc.stderr and "console" in proc.stderr
