@@ -23,6 +23,7 @@ from specprefill_sdk.backends.vllm.layout import (
     PositionLayout,
     encode_prompt,
     has_layout,
+    vllm_completion_body,
 )
 from specprefill_sdk.backends.vllm.parallel import plan_devices, rank_device
 from specprefill_sdk.backends.vllm.plugin import (
@@ -34,7 +35,7 @@ from specprefill_sdk.backends.vllm.plugin import (
 )
 from specprefill_sdk.backends.vllm.positions import PositionTable, reference_rope_positions
 from specprefill_sdk.errors import BackendUnavailableError, InvalidRequestError
-from specprefill_sdk.types import CompressedPrompt, Prompt, Selection
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams, Selection
 
 # ---------------------------------------------------------------------------------------------- layouts
 
@@ -134,6 +135,22 @@ def test_encode_prompt_dense_is_vanilla_and_compressed_carries_layout():
     assert decoded.n == 20 and tokens["cache_salt"] == decoded.cache_salt()
 
 
+def test_vllm_completion_body_matches_vllm_xargs_and_cache_salt_fields():
+    ids = list(range(500, 540))
+    keep = [0, 1, 2, 20, 21, 38, 39]
+    body = vllm_completion_body(_compressed(ids, keep), SamplingParams(max_tokens=8, stop=("\n",), seed=3), "m")
+    assert body["prompt"] == [ids[i] for i in keep] and body["model"] == "m"
+    assert body["max_tokens"] == 8 and body["stop"] == ["\n"] and body["seed"] == 3
+    # vLLM's request schema: vllm_xargs values are str | int | float | list of those (flat).
+    for value in body["vllm_xargs"].values():
+        assert isinstance(value, int | float | str) or all(isinstance(v, int) for v in value)
+    layout = PositionLayout.from_extra_args(body["vllm_xargs"], num_tokens=len(keep))
+    np.testing.assert_array_equal(layout.positions(), keep)
+    assert body["cache_salt"] == layout.cache_salt()
+    dense = vllm_completion_body(CompressedPrompt.dense(Prompt.from_token_ids(ids)), SamplingParams(), "m", stream=True)
+    assert "vllm_xargs" not in dense and "cache_salt" not in dense and dense["stream"] is True
+
+
 # ---------------------------------------------------------------------------------------------- tables
 
 
@@ -207,8 +224,9 @@ def test_table_rejects_bad_slots_and_empty_tables_give_vanilla_positions():
 # ---------------------------------------------------------------------------------------------- positions per step
 
 
-def _positions(dev: DeviceCopy, rows: list[tuple[int, int, int]], num_computed: dict[int, int],
-               max_position: int = 10_000) -> list[list[int]]:
+def _positions(
+    dev: DeviceCopy, rows: list[tuple[int, int, int]], num_computed: dict[int, int], max_position: int = 10_000
+) -> list[list[int]]:
     """Run the reference kernel for batch rows ``(slot, num_tokens, _)``; split its output per row."""
     slots = torch.tensor([r[0] for r in rows], dtype=torch.int64)
     counts = [r[1] for r in rows]
@@ -216,8 +234,17 @@ def _positions(dev: DeviceCopy, rows: list[tuple[int, int, int]], num_computed: 
     computed = torch.zeros(dev.table.max_num_reqs, dtype=torch.int32)
     for slot, value in num_computed.items():
         computed[slot] = value
-    out = reference_rope_positions(dev.buffer, dev.offset, dev.length, dev.delta, slots, qsl, computed,
-                                   num_tokens=sum(counts), max_position=max_position)
+    out = reference_rope_positions(
+        dev.buffer,
+        dev.offset,
+        dev.length,
+        dev.delta,
+        slots,
+        qsl,
+        computed,
+        num_tokens=sum(counts),
+        max_position=max_position,
+    )
     return [out[int(qsl[i]) : int(qsl[i + 1])].tolist() for i in range(len(rows))]
 
 
@@ -298,8 +325,14 @@ def test_request_positions_through_chunked_prefill_decode_and_preemption(chunk, 
 
 def test_every_rank_builds_identical_tables_from_the_same_requests():
     # Each tensor-parallel rank runs its own state and sees the same scheduler output.
-    events = [("set", 0, [0, 5, 6], 4), ("set", 1, [1, 2], 8), ("clear", 0, None, 0), ("set", 2, [3, 9, 10, 11], 1),
-              ("dense", 3, None, 0), ("set", 0, list(range(50, 70)), 2)]
+    events = [
+        ("set", 0, [0, 5, 6], 4),
+        ("set", 1, [1, 2], 8),
+        ("clear", 0, None, 0),
+        ("set", 2, [3, 9, 10, 11], 1),
+        ("dense", 3, None, 0),
+        ("set", 0, list(range(50, 70)), 2),
+    ]
     ranks = [PositionTable(max_num_reqs=4, capacity=8) for _ in range(4)]
     copies = [DeviceCopy(t) for t in ranks]
     for kind, slot, row, delta in events:
@@ -396,8 +429,10 @@ def test_backend_without_vllm_is_a_clear_error():
 
 
 def test_importing_the_package_does_not_import_vllm():
-    code = ("import sys; import specprefill_sdk.backends.vllm as m; "
-            "assert 'vllm' not in sys.modules, 'vllm imported'; print(m.VLLMBackend.__name__)")
+    code = (
+        "import sys; import specprefill_sdk.backends.vllm as m; "
+        "assert 'vllm' not in sys.modules, 'vllm imported'; print(m.VLLMBackend.__name__)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "VLLMBackend"

@@ -11,7 +11,16 @@ Importing this package does not import vLLM; `VLLMBackend` does when it starts a
 from __future__ import annotations
 
 from .backend import VLLMBackend
-from .layout import KEY_N, KEY_POSITIONS, KEY_SPANS, KEY_VERSION, PositionLayout, encode_prompt, has_layout
+from .layout import (
+    KEY_N,
+    KEY_POSITIONS,
+    KEY_SPANS,
+    KEY_VERSION,
+    PositionLayout,
+    encode_prompt,
+    has_layout,
+    vllm_completion_body,
+)
 from .parallel import DevicePlan, plan_devices
 from .plugin import SUPPORTED_ARCHITECTURES, register
 
@@ -28,4 +37,5 @@ __all__ = [
     "has_layout",
     "plan_devices",
     "register",
+    "vllm_completion_body",
 ]

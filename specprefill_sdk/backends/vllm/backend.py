@@ -145,8 +145,7 @@ class VLLMBackend(BackendBase):
             plugin's model state (for example on the V1 model runner).
     """
 
-    capabilities = BackendCapabilities(supports_position_ids=True, supports_sessions=False,
-                                       supports_streaming=True)
+    capabilities = BackendCapabilities(supports_position_ids=True, supports_sessions=False, supports_streaming=True)
     provider_name = "vllm"
 
     def __init__(
@@ -181,8 +180,12 @@ class VLLMBackend(BackendBase):
         num_gpus = torch.cuda.device_count()
         total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30 if num_gpus else None
         self.plan: DevicePlan = plan_devices(
-            tensor_parallel_size, num_gpus, draft_device=draft_device, gpu_memory_gib=total_gib,
-            draft_memory_gib=draft_memory_gib, gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size,
+            num_gpus,
+            draft_device=draft_device,
+            gpu_memory_gib=total_gib,
+            draft_memory_gib=draft_memory_gib,
+            gpu_memory_utilization=gpu_memory_utilization,
         )
         engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
         self._name = Path(model).name if Path(model).exists() else model
@@ -206,6 +209,8 @@ class VLLMBackend(BackendBase):
         self.engine = self.llm.llm_engine
         self._driver = _EngineDriver(self.engine)
         self._tokenizer = self._load_tokenizer(tokenizer, source, engine_kwargs)
+        # With skip_tokenizer_init vLLM returns ids only; text then comes from our tokenizer, if any.
+        self._engine_detokenizes = not engine_kwargs.get("skip_tokenizer_init", False)
         self._max_context = int(self.engine.model_config.max_model_len)
 
     # ------------------------------------------------------------------ construction helpers
@@ -291,9 +296,13 @@ class VLLMBackend(BackendBase):
         if prompt.n + params.max_tokens > self._max_context:
             raise ContextTooLongError(
                 f"the prompt has {prompt.n} tokens and asks for {params.max_tokens} more: that exceeds the "
-                f"model's context of {self._max_context} tokens", param="max_tokens")
-        if params.stop and self._tokenizer is None:
-            raise InvalidRequestError("stop strings need a tokenizer (the engine runs without one)", param="stop")
+                f"model's context of {self._max_context} tokens",
+                param="max_tokens",
+            )
+        if params.stop and not self._engine_detokenizes:
+            raise InvalidRequestError(
+                "stop strings need vLLM's detokenizer (the engine skips its tokenizer)", param="stop"
+            )
         vllm_prompt, extra = encode_prompt(prompt)
         vllm_params = VllmSamplingParams(
             n=1,
@@ -304,7 +313,7 @@ class VLLMBackend(BackendBase):
             stop=list(params.stop) or None,
             extra_args=extra,
             output_kind=RequestOutputKind.CUMULATIVE,
-            detokenize=self._tokenizer is not None,
+            detokenize=self._engine_detokenizes,
         )
         return vllm_prompt, vllm_params
 
@@ -316,9 +325,13 @@ class VLLMBackend(BackendBase):
             logger.warning("vLLM finished a request with reason %r", reason)
         t_end = time.perf_counter()
         ttft = _ms(t0, t_first if t_first is not None else t_end)
+        ids = tuple(int(t) for t in out.token_ids)
+        text = out.text or ""
+        if not self._engine_detokenizes and self._tokenizer is not None:
+            text = self._tokenizer.decode(list(ids), skip_special_tokens=True)
         return Completion(
-            text=out.text or "",
-            token_ids=tuple(int(t) for t in out.token_ids),
+            text=text,
+            token_ids=ids,
             finish_reason=finish,
             usage=Usage(prompt_tokens=prompt.n, kept_tokens=prompt.kept, completion_tokens=len(out.token_ids)),
             timings=Timings(prefill=ttft, ttft=ttft, total=_ms(t0, t_end)),
@@ -370,8 +383,12 @@ class VLLMBackend(BackendBase):
             text, ids = out.text or "", tuple(int(t) for t in out.token_ids)
             if output.finished:
                 completion = self._completion(prompt, output, t0, t_first)
-                yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:],
-                                      finish_reason=completion.finish_reason, completion=completion)
+                yield CompletionChunk(
+                    text=text[sent_text:],
+                    token_ids=ids[sent_tokens:],
+                    finish_reason=completion.finish_reason,
+                    completion=completion,
+                )
                 return
             if len(ids) > sent_tokens:
                 yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:])

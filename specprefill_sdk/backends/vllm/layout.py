@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InvalidRequestError
-from ...types import CompressedPrompt
+from ...types import CompressedPrompt, SamplingParams
 
 __all__ = [
     "KEY_N",
@@ -40,6 +40,7 @@ __all__ = [
     "PositionLayout",
     "encode_prompt",
     "has_layout",
+    "vllm_completion_body",
 ]
 
 LAYOUT_VERSION = 1
@@ -133,8 +134,9 @@ class PositionLayout:
         """
         version = extra_args.get(KEY_VERSION, LAYOUT_VERSION)
         if version != LAYOUT_VERSION:
-            raise InvalidRequestError(f"unsupported {KEY_VERSION} {version!r}; this build reads "
-                                      f"{LAYOUT_VERSION}", param=KEY_VERSION)
+            raise InvalidRequestError(
+                f"unsupported {KEY_VERSION} {version!r}; this build reads {LAYOUT_VERSION}", param=KEY_VERSION
+            )
         if KEY_N not in extra_args:
             raise InvalidRequestError(f"{KEY_N} (the original prompt length) is required", param=KEY_N)
         n_value = extra_args[KEY_N]
@@ -195,7 +197,7 @@ class PositionLayout:
             raise InvalidRequestError(f"prefill of {prefill_len} tokens is shorter than the {self.kept} kept")
         out = np.empty(prefill_len, dtype=np.int32)
         out[: self.kept] = self.positions()
-        out[self.kept:] = np.arange(self.kept, prefill_len, dtype=np.int64) + self.delta
+        out[self.kept :] = np.arange(self.kept, prefill_len, dtype=np.int64) + self.delta
         return out
 
     def max_position(self, max_tokens: int) -> int:
@@ -233,3 +235,38 @@ def encode_prompt(prompt: CompressedPrompt) -> tuple[dict[str, Any], dict[str, A
     layout = PositionLayout.from_compressed(prompt)
     tokens["cache_salt"] = layout.cache_salt()
     return tokens, layout.to_extra_args()
+
+
+def vllm_completion_body(
+    prompt: CompressedPrompt, params: SamplingParams, model: str, *, stream: bool = False
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/completions`` for ``vllm serve`` with the plugin.
+
+    The kept ids go in ``prompt`` (a token-id list), the layout in ``vllm_xargs`` and its salt in
+    ``cache_salt``; a dense prompt is a plain token prompt.
+
+    Example::
+
+        body = vllm_completion_body(compressed, SamplingParams(max_tokens=64), "meta-llama/Llama-3.1-8B")
+        httpx.post("http://127.0.0.1:8000/v1/completions", json=body).json()["choices"][0]["text"]
+    """
+    tokens, extra = encode_prompt(prompt)
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": tokens["prompt_token_ids"],
+        "max_tokens": params.max_tokens,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "return_token_ids": True,
+    }
+    if params.stop:
+        body["stop"] = list(params.stop)
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+    if extra is not None:
+        body["vllm_xargs"] = extra
+        body["cache_salt"] = tokens["cache_salt"]
+    return body

@@ -62,8 +62,9 @@ def _parse_device(device: str) -> tuple[str, int | None]:
         return "cuda", 0
     if device.startswith("cuda:") and device[5:].isdigit():
         return "cuda", int(device[5:])
-    raise InvalidRequestError(f"draft device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}",
-                              param="draft_device")
+    raise InvalidRequestError(
+        f"draft device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {device!r}", param="draft_device"
+    )
 
 
 def plan_devices(

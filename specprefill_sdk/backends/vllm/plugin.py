@@ -85,8 +85,7 @@ def check_vllm(version: str | None = None) -> str | None:
             return "vLLM is not installed (pip install 'specprefill-sdk[vllm]')"
     lower, upper = SUPPORTED_VLLM
     if not lower <= _version_tuple(version) < upper:
-        return (f"vLLM {version} is outside the supported range "
-                f">={lower[0]}.{lower[1]},<{upper[0]}.{upper[1]}")
+        return f"vLLM {version} is outside the supported range >={lower[0]}.{lower[1]},<{upper[0]}.{upper[1]}"
     return None
 
 

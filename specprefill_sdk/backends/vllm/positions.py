@@ -114,8 +114,9 @@ class PositionTable:
         else:
             indices = np.zeros(0, dtype=np.int64)
             values = np.zeros(0, dtype=np.int32)
-        writes = TableWrites(capacity=self.capacity, grown=self._grown, indices=indices, values=values,
-                             meta_changed=self._meta_changed)
+        writes = TableWrites(
+            capacity=self.capacity, grown=self._grown, indices=indices, values=values, meta_changed=self._meta_changed
+        )
         self._pending.clear()
         self._grown = False
         self._meta_changed = False

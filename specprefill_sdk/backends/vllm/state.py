@@ -36,8 +36,7 @@ class SpecPrefillModelState(DefaultModelState):
     is logged and the request runs with vanilla positions (an exception here would stop the engine).
     """
 
-    def __init__(self, vllm_config: Any, model: torch.nn.Module, encoder_cache: Any,
-                 device: torch.device) -> None:
+    def __init__(self, vllm_config: Any, model: torch.nn.Module, encoder_cache: Any, device: torch.device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
         if self.rope_state is not None:
             raise RuntimeError(
@@ -54,8 +53,12 @@ class SpecPrefillModelState(DefaultModelState):
         self.delta_gpu = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
         self.req_slots: dict[str, int] = {}
         self.compressed_requests = 0  # a counter for logs and the status probe
-        logger.info("specprefill: position state ready for %s (max %d requests, %d tokens per step)",
-                    type(model).__name__, self.max_num_reqs, self.max_num_tokens)
+        logger.info(
+            "specprefill: position state ready for %s (max %d requests, %d tokens per step)",
+            type(model).__name__,
+            self.max_num_reqs,
+            self.max_num_tokens,
+        )
 
     # ------------------------------------------------------------------ request lifecycle
     def add_request(self, req_index: int, new_req_data: Any) -> None:
@@ -70,8 +73,7 @@ class SpecPrefillModelState(DefaultModelState):
         try:
             layout = PositionLayout.from_extra_args(extra, num_tokens=new_req_data.prompt_len)
             if layout.n > self.max_model_len:
-                raise InvalidRequestError(f"{layout.n} original positions exceed max_model_len "
-                                          f"{self.max_model_len}")
+                raise InvalidRequestError(f"{layout.n} original positions exceed max_model_len {self.max_model_len}")
             positions = layout.prefill_positions(len(prefill_ids))
         except InvalidRequestError as exc:
             logger.error("specprefill: request %s runs with vanilla positions: %s", new_req_data.req_id, exc)
@@ -80,9 +82,14 @@ class SpecPrefillModelState(DefaultModelState):
         max_tokens = params.max_tokens or 1
         if layout.max_position(max_tokens) >= self.max_model_len:
             # vLLM bounds K + outputs, not n + outputs: later positions are clamped by the kernel.
-            logger.warning("specprefill: request %s may decode past position %d (n=%d, max_tokens=%d); "
-                           "keep n + max_tokens <= max_model_len", new_req_data.req_id,
-                           self.max_model_len - 1, layout.n, max_tokens)
+            logger.warning(
+                "specprefill: request %s may decode past position %d (n=%d, max_tokens=%d); "
+                "keep n + max_tokens <= max_model_len",
+                new_req_data.req_id,
+                self.max_model_len - 1,
+                layout.n,
+                max_tokens,
+            )
         # A request resumed after preemption re-prefills its outputs: the table covers them too.
         self.table.set(req_index, positions, layout.delta)
         self.compressed_requests += 1
@@ -148,8 +155,11 @@ class SpecPrefillModelState(DefaultModelState):
 
     def table_snapshot(self) -> dict[str, np.ndarray]:
         """Host copies of the per-slot metadata (for tests)."""
-        return {"offset": self.table.offset.copy(), "length": self.table.length.copy(),
-                "delta": self.table.delta.copy()}
+        return {
+            "offset": self.table.offset.copy(),
+            "length": self.table.length.copy(),
+            "delta": self.table.delta.copy(),
+        }
 
 
 @triton.jit
