@@ -70,6 +70,7 @@ _EXPORTS: dict[str, str] = {
     # backends
     "TransformersBackend": "backends",
     "OpenAIBackend": "backends",
+    "VLLMBackend": "backends",
     # policies, conversations
     "Policy": "policies",
     "load_policy": "policies",
@@ -120,6 +121,7 @@ __all__ = [
     "TransformersBackend",
     "UniformScorer",
     "Usage",
+    "VLLMBackend",
     "__version__",
     "build_prompt",
     "list_policies",
@@ -143,7 +145,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .backends import OpenAIBackend, TransformersBackend
+    from .backends import OpenAIBackend, TransformersBackend, VLLMBackend
     from .conversation import Conversation
     from .errors import (
         BackendUnavailableError,

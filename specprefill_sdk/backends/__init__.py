@@ -1,7 +1,8 @@
 """Backends: where the kept tokens are prefilled and the answer decoded.
 
 ``TransformersBackend`` runs a Hugging Face model in-process (exact positions); ``OpenAIBackend``
-talks to an OpenAI-compatible HTTP server. Both are imported on first use.
+talks to an OpenAI-compatible HTTP server; ``VLLMBackend`` runs vLLM in-process with the position
+plugin. All are imported on first use.
 """
 
 from __future__ import annotations
@@ -11,9 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 from .base import BackendBase
 
-__all__ = ["BackendBase", "KVState", "OpenAIBackend", "TransformersBackend"]
+__all__ = ["BackendBase", "KVState", "OpenAIBackend", "TransformersBackend", "VLLMBackend"]
 
-_LAZY = {"TransformersBackend": ".transformers", "KVState": ".transformers", "OpenAIBackend": ".openai"}
+_LAZY = {
+    "TransformersBackend": ".transformers",
+    "KVState": ".transformers",
+    "OpenAIBackend": ".openai",
+    "VLLMBackend": ".vllm",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -32,3 +38,4 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .openai import OpenAIBackend
     from .transformers import KVState, TransformersBackend
+    from .vllm import VLLMBackend
