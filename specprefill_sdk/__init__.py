@@ -67,6 +67,7 @@ _EXPORTS: dict[str, str] = {
     "Chunked": "selection",
     "Adaptive": "selection",
     "Protect": "selection",
+    "DenseBelow": "selection",
     # backends
     "TransformersBackend": "backends",
     "OpenAIBackend": "backends",
@@ -93,6 +94,7 @@ __all__ = [
     "Compression",
     "ContextTooLongError",
     "Conversation",
+    "DenseBelow",
     "DraftAttentionScorer",
     "HeadTailScorer",
     "InvalidRequestError",
@@ -169,7 +171,7 @@ if TYPE_CHECKING:
         SelfInformationScorer,
         UniformScorer,
     )
-    from .selection import Adaptive, Chunked, KeepRate, Protect, TokenBudget
+    from .selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
     from .types import (
         Completion,
         CompletionChunk,

@@ -180,6 +180,7 @@ def _sha256(paths: list[Path]) -> str:
 
 
 def _progress(progress: bool) -> Any:
+    from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(
@@ -187,6 +188,7 @@ def _progress(progress: bool) -> Any:
         BarColumn(),
         DownloadColumn(),
         TimeRemainingColumn(),
+        console=Console(stderr=True),
         disable=not progress,
         transient=True,
     )
