@@ -1,0 +1,451 @@
+"""The OpenAI-compatible HTTP server: `create_app` builds the FastAPI application.
+
+Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/tokenize``,
+``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``, ``GET /health``.
+
+Example::
+
+    import uvicorn
+    from specprefill_sdk.server import create_app
+
+    uvicorn.run(create_app(model="smollm2-135m", policy="paper"), host="127.0.0.1", port=8000)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.security import HTTPBearer
+from starlette.types import Receive, Scope, Send
+
+from .. import __version__
+from ..errors import SpecPrefillError
+from ..interfaces import Backend, Scorer
+from ..prompt import PromptInput
+from ..types import Completion, Prompt
+from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle
+from .errors import error_body, install_error_handlers
+from .limits import GuardMiddleware
+from .schemas import (
+    ChatCompletion,
+    ChatCompletionRequest,
+    CompletionRequest,
+    ErrorResponse,
+    HealthResponse,
+    ModelCard,
+    ModelList,
+    SpecPrefillCapability,
+    SpecPrefillOptions,
+    SpecPrefillUsage,
+    TextCompletion,
+    TokenizeRequest,
+    TokenizeResponse,
+    UsageInfo,
+)
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+#: Largest request body accepted (413 above it): ample for prompts at any context we serve.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorResponse, "description": text}
+    for status, text in (
+        (400, "Invalid request (malformed JSON, unknown policy, ids or positions out of range)"),
+        (401, "Missing or wrong API key"),
+        (404, "Unknown model"),
+        (413, "Body or prompt too large"),
+        (422, "The body does not match the schema"),
+        (429, "The queue is full; see Retry-After"),
+    )
+}
+_STREAM_DOC: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        "description": "JSON, or with stream=true server-sent events in OpenAI's chunk format",
+    },
+}
+
+
+def create_app(
+    model: str = "smollm2-135m",
+    *,
+    draft: str | None = None,
+    policy: str = "paper",
+    backend: Backend | None = None,
+    scorer: Scorer | None = None,
+    api_key: str | None = None,
+    max_prompt_tokens: int | None = None,
+    max_output_tokens: int | None = None,
+    max_concurrency: int = 1,
+    max_queue: int = 16,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    default_max_tokens: int = DEFAULT_MAX_TOKENS,
+    served_model_name: str | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+) -> FastAPI:
+    """Build the server application around one loaded target and one draft scorer.
+
+    Args:
+        model: the target model spec (ignored when ``backend`` is given).
+        draft: the draft model spec; None: the target itself (weights shared).
+        policy: the default policy preset; requests may pick another with ``specprefill.policy``.
+        backend: an already built backend (e.g. a `TransformersBackend`) instead of loading ``model``.
+        scorer: an already built draft scorer instead of the policy's.
+        api_key: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``.
+        max_prompt_tokens: longer prompts get 413.
+        max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
+        max_concurrency: requests doing model work at once (worker threads).
+        max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
+        max_body_bytes: larger request bodies get 413.
+
+    Raises:
+        ModelLoadError: the model or draft cannot be loaded.
+        PolicyError: unknown default policy.
+    """
+    if backend is None:
+        from ..backends.transformers import TransformersBackend
+
+        backend = TransformersBackend(model, device=device, dtype=dtype)
+    if scorer is None:
+        scorer = _default_scorer(backend, model, draft, policy, device, dtype)
+    engine = ServingEngine(
+        backend,
+        scorer,
+        policy=policy,
+        served_model=served_model_name,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=max_output_tokens,
+        default_max_tokens=default_max_tokens,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    app = FastAPI(
+        title="specprefill-sdk server",
+        version=__version__,
+        description="OpenAI-compatible completions with speculative prefill. Per-request control through the "
+        '`specprefill` object of the body; every error is `{"error": {message, type, param, code}}`.',
+        lifespan=lifespan,
+    )
+    app.state.engine = engine
+    install_error_handlers(app)
+    app.add_middleware(GuardMiddleware, max_body_bytes=max_body_bytes, api_key=api_key)
+    # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
+    security = [Depends(HTTPBearer(auto_error=False))] if api_key else []
+    router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
+    _add_routes(router, engine)
+    app.include_router(router)
+
+    @app.get("/health", response_model=HealthResponse, tags=["server"])
+    async def health() -> HealthResponse:
+        """Liveness and load: requests in flight (running + queued) and the queue depth."""
+        stats = engine.admission.stats()
+        return HealthResponse(
+            model=engine.served_model,
+            draft=engine.draft_name,
+            in_flight=stats.in_flight,
+            running=stats.running,
+            queue_depth=stats.waiting,
+            max_concurrency=stats.max_concurrency,
+            max_queue=stats.max_queue,
+        )
+
+    return app
+
+
+def _default_scorer(backend: Backend, model: str, draft: str | None, policy: str, device: str, dtype: str) -> Scorer:
+    """The process's draft scorer: the default policy's, on the draft model (the target's by default)."""
+    from ..policies import load_pipeline
+
+    return load_pipeline(policy, model=model, draft=draft, backend=backend, device=device, dtype=dtype).scorer
+
+
+# ----------------------------------------------------------------------------- routes
+def _add_routes(router: APIRouter, engine: ServingEngine) -> None:
+    @router.get("/models", response_model=ModelList, tags=["models"])
+    async def list_models() -> ModelList:
+        """The served model, with the ``specprefill`` capability object."""
+        return ModelList(data=[_model_card(engine)])
+
+    @router.get("/models/{model_id}", response_model=ModelCard, tags=["models"])
+    async def get_model(model_id: str) -> ModelCard:
+        """One model card (404 for any other id)."""
+        engine.check_model(model_id)
+        return _model_card(engine)
+
+    @router.post("/chat/completions", response_model=ChatCompletion, responses=_STREAM_DOC, tags=["completions"])
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        """Chat completion; the ``specprefill`` object controls compression for this request."""
+        engine.check_model(body.model)
+        messages = None
+        if body.messages is not None:
+            messages = [{"role": m.role, "content": _content(m.content)} for m in body.messages]
+        return await _serve(engine, request, body, messages, "chat", body.max_tokens or body.max_completion_tokens)
+
+    @router.post("/completions", response_model=TextCompletion, responses=_STREAM_DOC, tags=["completions"])
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        """Text completion of ``prompt`` (text or token ids), no chat template."""
+        engine.check_model(body.model)
+        return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens)
+
+    @router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
+    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        """The target's token ids for ``messages`` (chat template applied) or ``prompt``."""
+        engine.check_model(body.model)
+        if (body.messages is None) == (body.prompt is None):
+            raise _invalid("give exactly one of messages or prompt", "messages")
+        ctx = RequestContext(request.headers)
+        prompt_input: PromptInput = (
+            body.prompt
+            if body.prompt is not None
+            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
+        )
+
+        def run() -> Prompt:
+            from ..prompt import build_prompt
+
+            return build_prompt(
+                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
+            )
+
+        ticket = await engine.admission.acquire()
+        try:
+            prompt = await engine.call(ctx, run)
+        finally:
+            engine.admission.release(ticket)
+        return TokenizeResponse(
+            tokens=list(prompt.token_ids), count=prompt.n, max_model_len=engine.max_context, model=engine.served_model
+        )
+
+
+def _model_card(engine: ServingEngine) -> ModelCard:
+    return ModelCard(
+        id=engine.served_model,
+        created=0,
+        max_model_len=engine.max_context,
+        specprefill=SpecPrefillCapability(
+            version=__version__,
+            position_ids=True,
+            draft=engine.draft_name,
+            default_policy=engine.default_policy,
+            policies=engine.policies,
+            max_context=engine.max_context,
+            vocab_size=engine.vocab_size,
+            options=sorted(SpecPrefillOptions.model_fields),
+        ),
+    )
+
+
+def _invalid(message: str, param: str | None) -> SpecPrefillError:
+    from ..errors import InvalidRequestError
+
+    return InvalidRequestError(message, param=param)
+
+
+def _content(content: Any) -> Any:
+    if content is None:
+        return ""
+    if isinstance(content, list):
+        return [part.model_dump(exclude_none=True) for part in content]
+    return content
+
+
+def _completion_prompt(prompt: Any) -> PromptInput | Prompt | None:
+    if prompt is None:
+        return None
+    if isinstance(prompt, str):
+        return prompt
+    if not prompt:
+        raise _invalid("the prompt is empty", "prompt")
+    if all(isinstance(p, int) for p in prompt):
+        return Prompt.from_token_ids(prompt)
+    if len(prompt) != 1:
+        raise _invalid("one prompt per request is served (got a list of several)", "prompt")
+    only = prompt[0]
+    if isinstance(only, str):
+        return only
+    if not only:
+        raise _invalid("the prompt is empty", "prompt")
+    return Prompt.from_token_ids(only)
+
+
+async def _serve(
+    engine: ServingEngine,
+    request: Request,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompt_input: PromptInput | Prompt | None,
+    kind: Literal["chat", "text"],
+    max_tokens: int | None,
+) -> Response:
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    sampling = {
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stop": tuple(stops),
+        "seed": body.seed,
+    }
+    options = body.specprefill
+    return_ids = bool(options and options.return_token_ids)
+    ctx = RequestContext(request.headers)
+    ticket = await engine.admission.acquire()
+    handle: StreamHandle | None = None
+    try:
+        prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
+        if not body.stream:
+            completion = await engine.call(ctx, engine.run_generate, prepared)
+            return JSONResponse(_response(kind, engine.served_model, completion, return_ids))
+        iterator = await engine.call(ctx, engine.open_stream, prepared)
+        handle = StreamHandle(engine, ctx, iterator, ticket)
+    finally:
+        if handle is None:
+            engine.admission.release(ticket)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    events = _events(handle, kind, engine.served_model, include_usage, return_ids)
+    return _ClosingStreamingResponse(
+        events,
+        handle.aclose,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+# ----------------------------------------------------------------------------- response shapes
+def _usage(completion: Completion) -> UsageInfo:
+    usage = completion.usage
+    return UsageInfo(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        specprefill=SpecPrefillUsage(
+            kept_tokens=usage.kept_tokens,
+            keep_ratio=usage.keep_ratio,
+            score_ms=completion.timings.score,
+            prefill_ms=completion.timings.prefill,
+            fallback=completion.fallback,
+        ),
+    )
+
+
+def _response(kind: str, model: str, completion: Completion, return_ids: bool) -> dict[str, Any]:
+    ids = list(completion.token_ids) if return_ids else None
+    created = int(time.time())
+    usage = _usage(completion).model_dump()
+    if kind == "chat":
+        choice: dict[str, Any] = {
+            "index": 0,
+            "message": {"role": "assistant", "content": completion.text},
+            "finish_reason": completion.finish_reason,
+            "logprobs": None,
+        }
+        obj, prefix = "chat.completion", "chatcmpl"
+    else:
+        choice = {"index": 0, "text": completion.text, "finish_reason": completion.finish_reason, "logprobs": None}
+        obj, prefix = "text_completion", "cmpl"
+    if ids is not None:
+        choice["token_ids"] = ids
+    return {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": obj,
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "usage": usage,
+        "system_fingerprint": None,
+    }
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+async def _events(
+    handle: StreamHandle, kind: str, model: str, include_usage: bool, return_ids: bool
+) -> AsyncGenerator[str, None]:
+    """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE]."""
+    created = int(time.time())
+    prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
+    base = {
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": obj,
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+    }
+
+    def chunk(text: str | None, finish: str | None, ids: tuple[int, ...] = (), role: bool = False) -> str:
+        if kind == "chat":
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        if return_ids and ids:
+            choice["token_ids"] = list(ids)
+        payload = {**base, "choices": [choice]}
+        if include_usage:
+            payload["usage"] = None
+        return _sse(payload)
+
+    completion: Completion | None = None
+    try:
+        if kind == "chat":
+            yield chunk("", None, role=True)
+        while True:
+            piece = await handle.next()
+            if piece is None:
+                break
+            if piece.text or (return_ids and piece.token_ids):
+                yield chunk(piece.text, None, piece.token_ids)
+            if piece.finish_reason is not None:
+                completion = piece.completion
+                yield chunk(None if kind == "chat" else "", piece.finish_reason)
+        if include_usage and completion is not None:
+            yield _sse({**base, "choices": [], "usage": _usage(completion).model_dump()})
+        yield "data: [DONE]\n\n"
+    except SpecPrefillError as exc:
+        yield _sse(exc.to_openai())
+    except Exception:
+        logger.exception("a stream failed")
+        yield _sse(error_body("the server failed while generating", "server_error", code="internal_error"))
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """A streaming response that always runs ``on_close`` (stop generating, free the slot).
+
+    It runs whether the body finished, the client went away mid-stream, or sending never began.
+    """
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self._on_close()

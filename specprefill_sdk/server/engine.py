@@ -1,0 +1,426 @@
+"""The serving engine: one target backend and one draft scorer per process, model work off the loop.
+
+`ServingEngine` turns validated requests into pipeline calls. Every piece of model work (prompt
+building, scoring, prefill, decoding) runs on a small thread pool of ``max_concurrency`` workers,
+behind the bounded `Admission` queue. A request's ``specprefill`` options pick a policy preset and
+override its fields; the pipelines built from them are cached and share the loaded models.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+
+from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError
+from ..interfaces import Backend, Scorer, Selector
+from ..pipeline import Pipeline
+from ..prompt import PromptInput
+from ..types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
+from .errors import RequestTooLargeError
+from .limits import Admission, Ticket
+from .schemas import SpecPrefillOptions
+
+__all__ = ["DEFAULT_MAX_TOKENS", "RequestContext", "ServingEngine", "StreamHandle"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: ``max_tokens`` when a request gives none (reduced to what the context still holds).
+DEFAULT_MAX_TOKENS = 256
+_PIPELINE_CACHE = 64
+#: Temperatures and top_p values below this decode greedily.
+SAMPLING_EPS = 1e-5
+
+
+class _SharedLockScorer:
+    """A scorer whose calls take a process-wide lock: pipelines built per request share one draft model."""
+
+    def __init__(self, inner: Scorer, lock: threading.Lock) -> None:
+        self.inner = inner
+        self._lock = lock
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def model_name(self) -> str | None:
+        return getattr(self.inner, "model_name", None)
+
+    @property
+    def look_ahead(self) -> int | None:
+        return getattr(self.inner, "look_ahead", None)
+
+    def score(self, prompt: Prompt) -> TokenScores:
+        with self._lock:
+            return self.inner.score(prompt)
+
+    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
+        with self._lock:
+            return self.inner.score_batch(prompts)
+
+
+class _DenseSelector:
+    """Keeps every token without scoring (``specprefill.enabled = false``)."""
+
+    name = "dense"
+
+    def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
+        return Selection.keep_all(prompt.n, reason="disabled by request")
+
+    def decide_without_scores(self, prompt: Prompt) -> Selection | None:
+        return Selection.keep_all(prompt.n, reason="disabled by request")
+
+
+class RequestContext:
+    """One request's execution context: its trace parent, carried into every worker-thread step.
+
+    All steps of a request run inside one `contextvars.Context`, so spans opened in one step (a
+    streaming generator's) are closed in the same context by a later step.
+    """
+
+    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        self._ctx = contextvars.copy_context()
+        if headers and not trace.get_current_span().get_span_context().is_valid:
+            # Continue the caller's W3C trace (traceparent/tracestate) unless a server span is active.
+            carrier = {k.lower(): v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
+            if carrier:
+                self._ctx.run(otel_context.attach, propagate.extract(carrier))
+        self._lock = threading.Lock()
+
+    def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` inside this request's context (one step at a time)."""
+        with self._lock:
+            return self._ctx.run(fn, *args)
+
+
+_DONE = object()
+
+
+class StreamHandle:
+    """A running stream: steps and closes a synchronous chunk iterator on the engine's workers."""
+
+    def __init__(
+        self, engine: ServingEngine, ctx: RequestContext, iterator: Iterator[CompletionChunk], ticket: Ticket
+    ) -> None:
+        self._engine = engine
+        self._ctx = ctx
+        self._iterator = iterator
+        self._ticket = ticket
+        self._closed = False
+
+    async def next(self) -> CompletionChunk | None:
+        """The next chunk, or None at the end."""
+        chunk = await self._engine.call(self._ctx, next, self._iterator, _DONE)
+        return None if chunk is _DONE else chunk
+
+    async def aclose(self) -> None:
+        """Stop the generation and give the slot back (safe to call twice; never cancelled midway)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            close = getattr(self._iterator, "close", None)
+            if close is not None:
+                # The lock in RequestContext waits for a step still running in a worker thread.
+                await self._engine.call(self._ctx, close)
+        except Exception:
+            logger.exception("closing a stream failed")
+        finally:
+            self._engine.admission.release(self._ticket)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a request resolves to before generation: a pipeline call or a pre-compressed prompt."""
+
+    pipeline: Pipeline | None
+    prompt: Prompt | None
+    compressed: CompressedPrompt | None
+    params: SamplingParams
+
+
+class ServingEngine:
+    """Holds the loaded backend and draft scorer, the admission queue and the worker threads.
+
+    Args:
+        backend: the target (one per process).
+        scorer: the draft scorer for the default policy (one per process); per-request options derive
+            variants from it (``with_options``) that share its model.
+        policy: the default policy preset's name.
+        served_model: the model id clients send and `GET /v1/models` lists.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        scorer: Scorer | None,
+        *,
+        policy: str = "paper",
+        served_model: str | None = None,
+        max_concurrency: int = 1,
+        max_queue: int = 16,
+        max_prompt_tokens: int | None = None,
+        max_output_tokens: int | None = None,
+        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        tracer_provider: Any = None,
+        meter_provider: Any = None,
+    ) -> None:
+        self.backend = backend
+        self.default_policy = policy
+        self.served_model = served_model or backend.model_name
+        self.max_prompt_tokens = max_prompt_tokens
+        self.max_output_tokens = max_output_tokens
+        self.default_max_tokens = default_max_tokens
+        self.admission = Admission(max_concurrency, max_queue)
+        self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
+        self._score_lock = threading.Lock()
+        self._telemetry = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
+        self._pipelines: OrderedDict[tuple[Any, ...], Pipeline] = OrderedDict()
+        self._pipelines_lock = threading.Lock()
+        self._base_scorer = scorer
+        self._policy_names = _available_policies()
+        if self._policy_names and policy not in self._policy_names:
+            raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
+        self.vocab_size = len(backend.tokenizer)
+        self.max_context = int(backend.max_context)
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def draft_name(self) -> str | None:
+        return getattr(self._base_scorer, "model_name", None) if self._base_scorer is not None else None
+
+    @property
+    def policies(self) -> list[str]:
+        return list(self._policy_names)
+
+    def check_model(self, model: str | None) -> None:
+        """Raise `NotFoundError` (404) unless ``model`` is absent or the served model's id."""
+        if model is not None and model != self.served_model:
+            raise NotFoundError(
+                f"model {model!r} is not served here; this server serves {self.served_model!r}",
+                param="model",
+                code="model_not_found",
+            )
+
+    # ------------------------------------------------------------------ threads
+    async def call(self, ctx: RequestContext, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on a model worker thread inside the request's context."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, ctx.run, fn, *args)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ pipelines
+    def pipeline_for(self, options: SpecPrefillOptions | None) -> Pipeline:
+        """The pipeline for a request's options (cached; all of them share the loaded models).
+
+        Raises:
+            PolicyError: unknown policy name or an invalid override.
+        """
+        if options is not None and not options.enabled:
+            return self._cached(("dense",), lambda: self._pipeline(self._scorer_or_dense(), _DenseSelector()))
+        name = (options.policy if options is not None else None) or self.default_policy
+        if name not in self._policy_names:
+            raise PolicyError(
+                f"unknown policy {name!r}; choose one of {', '.join(self._policy_names) or '(none installed)'}",
+                param="specprefill.policy",
+            )
+        overrides = options.overrides() if options is not None else {}
+        key = ("policy", name, tuple(sorted(overrides.items())))
+        return self._cached(key, lambda: self._policy_pipeline(name, overrides))
+
+    def _cached(self, key: tuple[Any, ...], build: Callable[[], Pipeline]) -> Pipeline:
+        with self._pipelines_lock:
+            pipe = self._pipelines.get(key)
+            if pipe is not None:
+                self._pipelines.move_to_end(key)
+                return pipe
+        pipe = build()
+        with self._pipelines_lock:
+            self._pipelines[key] = pipe
+            while len(self._pipelines) > _PIPELINE_CACHE:
+                self._pipelines.popitem(last=False)
+        return pipe
+
+    def _pipeline(self, scorer: Scorer, selector: Selector) -> Pipeline:
+        return Pipeline(_SharedLockScorer(scorer, self._score_lock), selector, self.backend, **self._telemetry)
+
+    def _scorer_or_dense(self) -> Scorer:
+        if self._base_scorer is not None:
+            return self._base_scorer
+        from ..scoring import UniformScorer
+
+        return UniformScorer()
+
+    def _policy_pipeline(self, name: str, overrides: dict[str, Any]) -> Pipeline:
+        from ..policies import load_policy
+
+        policy = load_policy(name)
+        if overrides:
+            policy = policy.with_overrides(**overrides)
+        selector = policy.build_selector()
+        return self._pipeline(self._scorer_for(policy), selector)
+
+    def _scorer_for(self, policy: Any) -> Scorer:
+        """The scorer a policy asks for, derived from the process's draft scorer (no second model)."""
+        base = self._base_scorer
+        if base is None:
+            raise InvalidRequestError("this server has no draft scorer; use specprefill.enabled=false")
+        settings = policy.scorer
+        if settings.kind == base.name:
+            changes = {
+                k: getattr(settings, k)
+                for k in ("look_ahead", "pool_kernel")
+                if getattr(settings, k, None) is not None and getattr(settings, k) != getattr(base, k, None)
+            }
+            with_options = getattr(base, "with_options", None)
+            if changes and with_options is not None:
+                return cast(Scorer, with_options(**changes))
+            return base
+        kwargs: dict[str, Any] = {}
+        if settings.kind in ("draft-attention", "self-information"):
+            kwargs["target_tokenizer"] = self.backend.tokenizer
+        draft = getattr(base, "loaded", None) or getattr(base, "model_name", None) or self.backend.model_name
+        return cast(Scorer, policy.build_scorer(draft, **kwargs))
+
+    # ------------------------------------------------------------------ preparing requests
+    def prepare(
+        self, prompt_input: PromptInput | Prompt | None, options: SpecPrefillOptions | None, sampling: dict[str, Any]
+    ) -> Prepared:
+        """Resolve a request (in a worker thread): tokenize, check limits, pick the pipeline.
+
+        Raises:
+            InvalidRequestError, PolicyError, ContextTooLongError: 400.
+            RequestTooLargeError: the prompt exceeds ``max_prompt_tokens`` (413).
+        """
+        if options is not None and options.conversation_id is not None:
+            self._conversation(options.conversation_id)
+        if options is not None and options.precompressed:
+            if prompt_input is not None:
+                raise InvalidRequestError(
+                    "give either the prompt (prompt/messages) or specprefill.prompt_token_ids, not both",
+                    param="specprefill.prompt_token_ids",
+                )
+            compressed = self._precompressed(options)
+            return Prepared(None, None, compressed, self._sampling(sampling, compressed.n))
+        if prompt_input is None:
+            raise InvalidRequestError("the request has no prompt", param="messages")
+        pipeline = self.pipeline_for(options)
+        prompt = pipeline.prompt(prompt_input)
+        if any(not 0 <= t < self.vocab_size for t in prompt.token_ids):
+            raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
+        self._check_prompt_length(prompt.n)
+        return Prepared(pipeline, prompt, None, self._sampling(sampling, prompt.n))
+
+    def _conversation(self, conversation_id: str) -> None:
+        # The place where server-side conversations (KV reuse across turns) will be looked up.
+        raise InvalidRequestError(
+            "server-side conversations are not available on this server",
+            param="specprefill.conversation_id",
+            code="unsupported",
+        )
+
+    def _check_prompt_length(self, n: int) -> None:
+        if self.max_prompt_tokens is not None and n > self.max_prompt_tokens:
+            raise RequestTooLargeError(
+                f"the prompt has {n} tokens; this server accepts at most {self.max_prompt_tokens}",
+                param="messages",
+                code="prompt_too_long",
+            )
+        if n >= self.max_context:
+            raise ContextTooLongError(
+                f"the prompt has {n} tokens; the model's context is {self.max_context}", param="messages"
+            )
+
+    def _sampling(self, sampling: dict[str, Any], n: int) -> SamplingParams:
+        values = {k: v for k, v in sampling.items() if v is not None}
+        # A vanishing temperature or top_p leaves only the most likely token: decode greedily, as
+        # dividing logits by ~0 (or cutting the distribution to nothing) has no defined sample.
+        if values.get("temperature", 1.0) < SAMPLING_EPS or values.get("top_p", 1.0) < SAMPLING_EPS:
+            values["temperature"] = 0.0
+            values.pop("top_p", None)
+        limit = self.max_output_tokens
+        if "max_tokens" not in values:
+            default = self.default_max_tokens if limit is None else min(self.default_max_tokens, limit)
+            values["max_tokens"] = max(1, min(default, self.max_context - n))
+        elif limit is not None and values["max_tokens"] > limit:
+            raise InvalidRequestError(
+                f"max_tokens is {values['max_tokens']}; this server generates at most {limit} tokens per request",
+                param="max_tokens",
+            )
+        if n + values["max_tokens"] > self.max_context:
+            raise ContextTooLongError(
+                f"the prompt has {n} tokens and asks for {values['max_tokens']} more: that exceeds the "
+                f"model's context of {self.max_context} tokens",
+                param="max_tokens",
+            )
+        return SamplingParams(**values)
+
+    def _precompressed(self, options: SpecPrefillOptions) -> CompressedPrompt:
+        ids = options.prompt_token_ids or []
+        positions = options.position_ids or []
+        if len(ids) != len(positions):
+            raise InvalidRequestError(
+                f"prompt_token_ids has {len(ids)} entries but position_ids has {len(positions)}: "
+                "they must have the same length",
+                param="specprefill.position_ids",
+            )
+        bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {bad} is outside the vocabulary [0, {self.vocab_size})", param="specprefill.prompt_token_ids"
+            )
+        if positions[0] < 0 or any(b <= a for a, b in itertools.pairwise(positions)):
+            raise InvalidRequestError(
+                "position_ids must be non-negative and strictly increasing", param="specprefill.position_ids"
+            )
+        if positions[-1] >= self.max_context:
+            raise ContextTooLongError(
+                f"position {positions[-1]} is beyond the model's context of {self.max_context} tokens",
+                param="specprefill.position_ids",
+            )
+        n = options.prompt_length if options.prompt_length is not None else positions[-1] + 1
+        if n <= positions[-1]:
+            raise InvalidRequestError(
+                f"prompt_length {n} must exceed the last position {positions[-1]}", param="specprefill.prompt_length"
+            )
+        self._check_prompt_length(n)
+        return CompressedPrompt(token_ids=tuple(ids), position_ids=tuple(positions), n=n)
+
+    # ------------------------------------------------------------------ running
+    def run_generate(self, prepared: Prepared) -> Completion:
+        """Generate (in a worker thread)."""
+        if prepared.compressed is not None:
+            return self.backend.generate(prepared.compressed, prepared.params)
+        assert prepared.pipeline is not None and prepared.prompt is not None
+        return prepared.pipeline.generate(prepared.prompt, prepared.params)
+
+    def open_stream(self, prepared: Prepared) -> Iterator[CompletionChunk]:
+        """Start a stream (in a worker thread); closing the iterator stops the generation."""
+        if prepared.compressed is not None:
+            return self.backend.stream(prepared.compressed, prepared.params)
+        assert prepared.pipeline is not None and prepared.prompt is not None
+        return prepared.pipeline.stream(prepared.prompt, prepared.params)
+
+
+def _available_policies() -> list[str]:
+    try:
+        from ..policies import list_policies
+    except ImportError:
+        logger.warning("policy presets are unavailable; only specprefill.enabled=false requests can be served")
+        return []
+    return sorted(list_policies())

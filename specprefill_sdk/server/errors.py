@@ -1,0 +1,176 @@
+"""OpenAI-style error bodies for every failure, and the exception handlers that produce them.
+
+Every answer that is not a success carries ``{"error": {"message", "type", "param", "code"}}``:
+
+====  ==============================  =================================================================
+code  ``error.type``                  when
+====  ==============================  =================================================================
+400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, a value the SDK rejects (unknown
+                                      policy, ids outside the vocabulary, positions beyond the context)
+401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
+                                      ``invalid_api_key``)
+404   ``not_found_error``             unknown route or model
+405   ``invalid_request_error``       wrong HTTP method for a route
+413   ``invalid_request_error``       body larger than the server accepts, or a prompt longer than
+                                      ``--max-prompt-tokens``
+422   ``invalid_request_error``       the body does not match the schema (wrong types, out of range)
+429   ``rate_limit_error``            the queue is full; ``Retry-After`` says when to come back
+====  ==============================  =================================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..errors import SpecPrefillError
+
+__all__ = [
+    "AuthenticationError",
+    "OverloadedError",
+    "RequestTooLargeError",
+    "error_body",
+    "error_response",
+    "install_error_handlers",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class AuthenticationError(SpecPrefillError):
+    """The request lacks the server's API key, or carries a wrong one."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class RequestTooLargeError(SpecPrefillError):
+    """The body, or the prompt it holds, is larger than this server accepts."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class OverloadedError(SpecPrefillError):
+    """Every worker is busy and the queue is full; retry after ``retry_after`` seconds."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "server_overloaded"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+_HTTP_TYPES: dict[int, tuple[str, str | None]] = {
+    400: ("invalid_request_error", "invalid_request"),
+    401: ("invalid_request_error", "invalid_api_key"),
+    404: ("not_found_error", "not_found"),
+    405: ("invalid_request_error", "method_not_allowed"),
+    413: ("invalid_request_error", "request_too_large"),
+    415: ("invalid_request_error", "unsupported_media_type"),
+    422: ("invalid_request_error", "invalid_value"),
+    429: ("rate_limit_error", "server_overloaded"),
+}
+
+
+def error_body(message: str, error_type: str, *, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": error_type, "param": param, "code": code}}
+
+
+def error_response(exc: SpecPrefillError) -> JSONResponse:
+    """A JSON response for an SDK error, with its status and (for 429/401) the matching header."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, OverloadedError):
+        headers["Retry-After"] = str(exc.retry_after)
+    if isinstance(exc, AuthenticationError):
+        headers["WWW-Authenticate"] = "Bearer"
+    status = exc.status_code if 400 <= exc.status_code < 600 else 500
+    return JSONResponse(exc.to_openai(), status_code=status, headers=headers or None)
+
+
+_TYPE_TAGS = frozenset({"str", "int", "float", "bool", "none", "list", "dict"})
+
+
+def _loc_param(loc: Sequence[Any]) -> str | None:
+    """``("body", "specprefill", "keep_rate")`` -> ``"specprefill.keep_rate"``, without union member tags."""
+    parts = [str(p) for p in loc if p != "body" and not _is_type_tag(p)]
+    return ".".join(parts) or None
+
+
+def _is_type_tag(part: Any) -> bool:
+    # pydantic names the union member that failed, e.g. "constrained-str" or "list[int]".
+    return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
+
+
+def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, int, str]:
+    """Message, param, status and code for a list of pydantic errors."""
+    if not errors:
+        return "the request body is invalid", None, 422, "invalid_value"
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        ctx = first.get("ctx") or {}
+        return f"the body is not valid JSON: {ctx.get('error', 'decode error')}", None, 400, "invalid_json"
+    loc = first.get("loc") or ()
+    param = _loc_param(loc)
+    if first.get("type") == "missing" and tuple(loc) == ("body",):
+        return "the request needs a JSON body", None, 400, "invalid_json"
+    lines = []
+    for err in errors[:5]:
+        where = _loc_param(err.get("loc") or ()) or "body"
+        lines.append(f"{where}: {err.get('msg', 'invalid value')}")
+    more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
+    return "; ".join(lines) + more, param, 422, "invalid_value"
+
+
+async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    message, param, status, code = _validation_message(list(exc.errors()))
+    return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=status)
+
+
+async def _on_sdk_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, SpecPrefillError)
+    if exc.status_code >= 500:
+        logger.warning("%s %s failed: %s", request.method, request.url.path, exc)
+    return error_response(exc)
+
+
+async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    error_type, code = _HTTP_TYPES.get(exc.status_code, ("invalid_request_error", None))
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail)
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"no route {request.method} {request.url.path}"
+    elif exc.status_code == 400 and detail == "There was an error parsing the body":
+        detail = "the body could not be read as JSON (is it UTF-8?)"
+        code = "invalid_json"
+    headers = dict(exc.headers) if exc.headers else None
+    return JSONResponse(error_body(detail, error_type, code=code), status_code=exc.status_code, headers=headers)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    logger.exception("unexpected error in %s %s", request.method, request.url.path)
+    return JSONResponse(
+        error_body("the server failed to handle this request", "server_error", code="internal_error"),
+        status_code=500,
+    )
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error an OpenAI-style JSON body (validation, JSON, HTTP, SDK errors, the rest)."""
+    app.add_exception_handler(RequestValidationError, _on_validation_error)
+    app.add_exception_handler(SpecPrefillError, _on_sdk_error)
+    app.add_exception_handler(StarletteHTTPException, _on_http_error)
+    app.add_exception_handler(Exception, _on_unexpected)

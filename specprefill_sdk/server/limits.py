@@ -1,0 +1,194 @@
+"""Admission control and request guards: a bounded queue in front of the model, body size, API key.
+
+`Admission` lets ``max_concurrency`` requests do model work at once and ``max_queue`` more wait;
+anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry-After``), so an
+overload costs a small JSON answer instead of memory.
+
+`GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413) and,
+with an API key configured, any ``/v1`` request without ``Authorization: Bearer <key>`` (401).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, error_body
+
+__all__ = ["Admission", "AdmissionStats", "GuardMiddleware", "Ticket"]
+
+
+@dataclass(frozen=True)
+class AdmissionStats:
+    """A snapshot of the queue: requests doing model work, requests waiting, and the limits."""
+
+    running: int
+    waiting: int
+    max_concurrency: int
+    max_queue: int
+
+    @property
+    def in_flight(self) -> int:
+        """Admitted requests not yet finished (running plus waiting)."""
+        return self.running + self.waiting
+
+
+@dataclass
+class Ticket:
+    """A granted slot; hand it back with `Admission.release` exactly once."""
+
+    started: float
+    released: bool = False
+
+
+class Admission:
+    """A bounded queue: ``max_concurrency`` running, ``max_queue`` waiting, the rest refused.
+
+    Example::
+
+        admission = Admission(max_concurrency=1, max_queue=8)
+        ticket = await admission.acquire()      # raises OverloadedError when full
+        try:
+            ...
+        finally:
+            admission.release(ticket)
+    """
+
+    def __init__(self, max_concurrency: int = 1, max_queue: int = 16) -> None:
+        if max_concurrency < 1:
+            raise ValueError("max_concurrency must be >= 1")
+        if max_queue < 0:
+            raise ValueError("max_queue must be >= 0")
+        self.max_concurrency = max_concurrency
+        self.max_queue = max_queue
+        self._running = 0
+        self._waiting = 0
+        self._semaphore: asyncio.Semaphore | None = None
+        # Smoothed service time of one request, for the Retry-After estimate.
+        self._service_s = 1.0
+
+    def stats(self) -> AdmissionStats:
+        return AdmissionStats(self._running, self._waiting, self.max_concurrency, self.max_queue)
+
+    def retry_after(self) -> int:
+        """Seconds after which a refused client may find room (a rough estimate, at least 1)."""
+        backlog = (self._running + self._waiting) / self.max_concurrency
+        return max(1, min(60, math.ceil(self._service_s * max(backlog, 1.0))))
+
+    async def acquire(self) -> Ticket:
+        """Wait for a slot, or raise `OverloadedError` at once when the queue is full."""
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        if self._running + self._waiting >= self.max_concurrency + self.max_queue:
+            raise OverloadedError(
+                f"the server is busy ({self._running} running, {self._waiting} queued); retry later",
+                retry_after=self.retry_after(),
+            )
+        self._waiting += 1
+        try:
+            await self._semaphore.acquire()
+        finally:
+            self._waiting -= 1
+        self._running += 1
+        return Ticket(started=time.perf_counter())
+
+    def release(self, ticket: Ticket) -> None:
+        """Give a slot back (a second call with the same ticket does nothing)."""
+        if ticket.released:
+            return
+        ticket.released = True
+        self._running -= 1
+        elapsed = time.perf_counter() - ticket.started
+        self._service_s = 0.8 * self._service_s + 0.2 * elapsed
+        assert self._semaphore is not None
+        self._semaphore.release()
+
+
+class GuardMiddleware:
+    """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` routes."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, api_key: str | None = None) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self._key = api_key.encode() if api_key else None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        path: str = scope.get("path", "")
+        if self._key is not None and (path == "/v1" or path.startswith("/v1/")):
+            problem = self._auth_problem(headers.get(b"authorization"))
+            if problem is not None:
+                await _send_error(send, AuthenticationError(problem), {"WWW-Authenticate": "Bearer"})
+                return
+        length = headers.get(b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                declared = -1
+            if declared < 0:
+                await _send_json(
+                    send,
+                    400,
+                    error_body("Content-Length is not a valid number", "invalid_request_error", code="invalid_request"),
+                )
+                return
+            if declared > self.max_body_bytes:
+                await _send_error(send, self._too_large(declared))
+                return
+        await self.app(scope, self._limited(receive), send)
+
+    def _auth_problem(self, header: bytes | None) -> str | None:
+        assert self._key is not None
+        if not header:
+            return "this server needs an API key: send 'Authorization: Bearer <key>'"
+        scheme, _, token = header.partition(b" ")
+        if scheme.lower() != b"bearer" or not token.strip():
+            return "the Authorization header must be 'Bearer <key>'"
+        if not hmac.compare_digest(token.strip(), self._key):
+            return "the API key is not valid"
+        return None
+
+    def _too_large(self, size: int | None) -> RequestTooLargeError:
+        got = f"{size} bytes" if size is not None else "more"
+        return RequestTooLargeError(f"the request body is too large ({got}; the limit is {self.max_body_bytes} bytes)")
+
+    def _limited(self, receive: Receive) -> Receive:
+        seen = 0
+
+        async def wrapped() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_body_bytes:
+                    # FastAPI re-raises HTTPException from body reading; the handler renders it.
+                    raise HTTPException(413, detail=str(self._too_large(None)))
+            return message
+
+        return wrapped
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    payload = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def _send_error(
+    send: Send, exc: AuthenticationError | RequestTooLargeError, headers: dict[str, str] | None = None
+) -> None:
+    await _send_json(send, exc.status_code, exc.to_openai(), headers)

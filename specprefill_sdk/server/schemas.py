@@ -1,0 +1,373 @@
+"""Wire formats of the server: OpenAI request/response shapes plus the ``specprefill`` extension.
+
+OpenAI clients send the extension with ``extra_body``::
+
+    client.chat.completions.create(model="smollm2-135m", messages=[...],
+                                   extra_body={"specprefill": {"keep_rate": 0.2, "look_ahead": 4}})
+
+Top-level request objects ignore unknown OpenAI fields (clients add new ones often); the
+``specprefill`` object forbids unknown fields, so a typo is an error rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "ChatChoice",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "ChunkChoice",
+    "CompletionChoice",
+    "CompletionRequest",
+    "ContentPart",
+    "DeltaMessage",
+    "ErrorDetail",
+    "ErrorResponse",
+    "HealthResponse",
+    "ModelCard",
+    "ModelList",
+    "SpecPrefillCapability",
+    "SpecPrefillOptions",
+    "SpecPrefillUsage",
+    "StreamOptions",
+    "TextCompletion",
+    "TextCompletionChunk",
+    "TokenizeRequest",
+    "TokenizeResponse",
+    "UsageInfo",
+]
+
+#: A stop string: non-empty.
+StopString = Annotated[str, Field(min_length=1)]
+
+#: Upper bound of token lists on the wire (prompt ids, position ids): far above any context we serve.
+MAX_WIRE_TOKENS = 1 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Lenient(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+# ----------------------------------------------------------------------------- the extension
+class SpecPrefillOptions(_Strict):
+    """Per-request control of speculative prefill (the ``specprefill`` object of a request body).
+
+    Unset fields keep the server's policy. ``prompt_token_ids`` + ``position_ids`` send a prompt
+    that is already compressed: it is prefilled exactly at those positions, without scoring.
+    """
+
+    enabled: bool = Field(True, description="False: dense prefill of the whole prompt, no draft model.")
+    policy: str | None = Field(
+        None,
+        min_length=1,
+        max_length=100,
+        description="A policy preset by name (see GET /v1/models); default: the server's.",
+    )
+    keep_rate: float | None = Field(None, gt=0.0, le=1.0, description="Share of prompt tokens to keep.")
+    token_budget: int | None = Field(None, ge=1, description="Keep this many tokens instead of a rate.")
+    chunk_size: int | None = Field(None, ge=1, le=4096, description="Select chunks of this many tokens.")
+    look_ahead: int | None = Field(
+        None, ge=1, le=64, description="Draft look-ahead tokens whose attention scores the prompt."
+    )
+    pool_kernel: int | None = Field(None, ge=1, le=257, description="Smoothing kernel of the scores (odd).")
+    min_prompt_tokens: int | None = Field(None, ge=0, description="Dense prefill below this prompt length.")
+    sink: int | None = Field(None, ge=0, le=1024, description="Always keep this many leading tokens.")
+    tail: bool | None = Field(None, description="Always keep the generation prompt at the end.")
+    roles: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+        None, max_length=16, description="Always keep every token of messages with these roles."
+    )
+    last_user_turn: bool | None = Field(None, description="Always keep the last user message.")
+    special_tokens: bool | None = Field(None, description="Always keep special/template tokens.")
+    prompt_token_ids: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_WIRE_TOKENS,
+        description="Pre-compressed prompt: the kept token ids (needs position_ids).",
+    )
+    position_ids: list[int] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_WIRE_TOKENS,
+        description="Pre-compressed prompt: the original position of each kept id, strictly increasing.",
+    )
+    prompt_length: int | None = Field(
+        None, ge=1, description="Pre-compressed prompt: the original length n (default: last position + 1)."
+    )
+    return_token_ids: bool = Field(False, description="Add the generated token ids to each choice.")
+    conversation_id: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Reserved for server-side conversations (multi-turn KV reuse); not served yet.",
+    )
+
+    @model_validator(mode="after")
+    def _pairs(self) -> SpecPrefillOptions:
+        if (self.prompt_token_ids is None) != (self.position_ids is None):
+            raise ValueError("prompt_token_ids and position_ids go together: give both or neither")
+        return self
+
+    @property
+    def precompressed(self) -> bool:
+        return self.prompt_token_ids is not None
+
+    def overrides(self) -> dict[str, Any]:
+        """The policy fields this request sets (for ``Policy.with_overrides``)."""
+        keys = (
+            "keep_rate",
+            "token_budget",
+            "chunk_size",
+            "look_ahead",
+            "pool_kernel",
+            "min_prompt_tokens",
+            "sink",
+            "tail",
+            "roles",
+            "last_user_turn",
+            "special_tokens",
+        )
+        out: dict[str, Any] = {}
+        for key in keys:
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = tuple(value) if isinstance(value, list) else value
+        return out
+
+
+class SpecPrefillUsage(BaseModel):
+    """What speculative prefill did for one request (``usage.specprefill``)."""
+
+    kept_tokens: int = Field(description="Prompt tokens the target prefilled.")
+    keep_ratio: float = Field(description="kept_tokens / prompt_tokens.")
+    score_ms: float = Field(description="Draft scoring time in milliseconds (0 when no scoring ran).")
+    prefill_ms: float = Field(description="Target prefill time in milliseconds.")
+    fallback: str | None = Field(None, description="Why the request fell back to dense prefill, or null.")
+
+
+class UsageInfo(BaseModel):
+    """OpenAI usage; ``prompt_tokens`` is the original prompt length, not the kept count."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    specprefill: SpecPrefillUsage | None = None
+
+
+# ----------------------------------------------------------------------------- requests
+class ContentPart(_Lenient):
+    """An OpenAI content part; only ``{"type": "text", "text": ...}`` is served."""
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Lenient):
+    """One chat message."""
+
+    role: str = Field(min_length=1, max_length=64)
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Lenient):
+    model: str | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
+    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate (default 256).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
+        None, description="A stop string or up to 4 of them."
+    )
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    n: int | None = Field(None, ge=1, le=1, description="Only 1 is served.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    specprefill: SpecPrefillOptions | None = Field(
+        None, description="Per-request speculative-prefill control (send with the openai client's extra_body)."
+    )
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="The conversation (required unless specprefill.prompt_token_ids is given).",
+    )
+    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
+    logprobs: Literal[False] | None = Field(None, description="Not served: only false or absent.")
+    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
+        None, description="Not served: only absent or empty."
+    )
+
+
+PromptField = str | list[int] | list[str] | list[list[int]]
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: ``prompt`` as text or as token ids."""
+
+    prompt: PromptField | None = Field(
+        None, description="Text or token ids (one prompt; required unless specprefill.prompt_token_ids)."
+    )
+    echo: Literal[False] | None = Field(None, description="Not served: only false or absent.")
+    logprobs: None = Field(None, description="Not served: only absent or null.")
+    best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is served.")
+    suffix: Literal[""] | None = Field(None, description="Not served: only absent or empty.")
+
+
+class TokenizeRequest(_Lenient):
+    """``POST /v1/tokenize``: the ids the target prefills for ``messages`` (chat template) or ``prompt``."""
+
+    model: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=4096)
+    prompt: str | None = None
+    add_generation_prompt: bool = True
+
+
+# ----------------------------------------------------------------------------- responses
+class TokenizeResponse(BaseModel):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+    model: str
+
+
+class ChatResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int = 0
+    message: ChatResponseMessage
+    finish_reason: Literal["stop", "length"]
+    logprobs: None = None
+    token_ids: list[int] | None = Field(None, description="Generated ids (specprefill.return_token_ids).")
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: DeltaMessage
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str
+    finish_reason: Literal["stop", "length"] | None = None
+    logprobs: None = None
+    token_ids: list[int] | None = None
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class TextCompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class SpecPrefillCapability(BaseModel):
+    """The ``specprefill`` object of a model card: what this server accepts."""
+
+    version: str
+    position_ids: bool = Field(description="Accepts pre-compressed prompt_token_ids + position_ids.")
+    draft: str | None = Field(description="The draft model that scores prompts.")
+    default_policy: str
+    policies: list[str]
+    max_context: int
+    vocab_size: int
+    options: list[str] = Field(description="Fields of the specprefill request object.")
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "specprefill"
+    max_model_len: int
+    specprefill: SpecPrefillCapability
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class HealthResponse(BaseModel):
+    status: Literal["ok"] = "ok"
+    model: str
+    draft: str | None
+    in_flight: int = Field(description="Admitted requests not finished yet (running + queued).")
+    running: int
+    queue_depth: int
+    max_concurrency: int
+    max_queue: int
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer: ``{"error": {...}}``."""
+
+    error: ErrorDetail

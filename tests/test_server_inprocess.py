@@ -1,0 +1,221 @@
+"""Server apps built in this process and served by uvicorn on 127.0.0.1: a failing draft, trace
+continuation, and a bounded schemathesis run against /openapi.json.
+
+The apps share the session's loaded SmolLM2 (no second copy of the weights).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import httpx
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
+from server_utils import serve_in_thread
+
+from specprefill_sdk.types import Prompt, TokenScores
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+
+
+class ExplodingDraft:
+    """A draft scorer whose model fails on every call (e.g. out of memory on its GPU)."""
+
+    name = "draft-attention"
+    model_name = "exploding-draft"
+
+    def score(self, prompt: Prompt) -> TokenScores:
+        raise RuntimeError("draft exploded")
+
+    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
+        raise RuntimeError("draft exploded")
+
+
+@pytest.fixture(scope="module")
+def backend(smollm: Any) -> Any:
+    from specprefill_sdk.backends import TransformersBackend
+
+    return TransformersBackend(smollm)
+
+
+@pytest.fixture(scope="module")
+def failing_url(backend: Any) -> Iterator[str]:
+    from specprefill_sdk.server import create_app
+
+    with serve_in_thread(create_app(backend=backend, scorer=ExplodingDraft(), policy="paper")) as base:
+        yield base
+
+
+def _question(text: str) -> dict[str, Any]:
+    return {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": text + "\n\nWhat is this about?"}],
+    }
+
+
+def test_a_failing_draft_falls_back_to_a_dense_answer(failing_url: str) -> None:
+    from specprefill_sdk.eval.corpora import haystack
+
+    body = _question(haystack(600))
+    response = httpx.post(f"{failing_url}/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    usage = answer["usage"]
+    assert usage["specprefill"]["kept_tokens"] == usage["prompt_tokens"]
+    assert usage["specprefill"]["fallback"] == "scorer_error: RuntimeError: draft exploded"
+    assert answer["choices"][0]["message"]["content"]
+    # The same request without compression gives the same greedy answer: the fallback is a real dense prefill.
+    dense = httpx.post(
+        f"{failing_url}/v1/chat/completions", json={**body, "specprefill": {"enabled": False}}, timeout=300
+    ).json()
+    assert dense["choices"][0]["message"]["content"] == answer["choices"][0]["message"]["content"]
+    assert dense["usage"]["specprefill"]["fallback"] is None
+
+
+def test_a_failing_draft_reports_the_fallback_in_the_stream_usage(failing_url: str) -> None:
+    body = {
+        **_question("A short note about rivers and lakes."),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    with httpx.stream("POST", f"{failing_url}/v1/chat/completions", json=body, timeout=300) as response:
+        events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    usage = httpx.Response(200, content=events[-2]).json()["usage"]
+    assert usage["specprefill"]["fallback"].startswith("scorer_error: RuntimeError")
+
+
+# ----------------------------------------------------------------------------- tracing
+def test_an_incoming_traceparent_is_continued_and_the_http_backend_injects_one(backend: Any) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from specprefill_sdk.backends import OpenAIBackend
+    from specprefill_sdk.pipeline import Pipeline
+    from specprefill_sdk.scoring import UniformScorer
+    from specprefill_sdk.selection import KeepRate
+    from specprefill_sdk.server import create_app
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    app = create_app(backend=backend, policy="dense", tracer_provider=provider)
+    trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    with serve_in_thread(app) as base:
+        response = httpx.post(
+            f"{base}/v1/completions",
+            timeout=300,
+            headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+            json={"prompt": "Hello", "max_tokens": 2},
+        )
+        assert response.status_code == 200
+        roots = [s for s in exporter.get_finished_spans() if s.name == "specprefill.pipeline"]
+        assert len(roots) == 1
+        assert f"{roots[0].context.trace_id:032x}" == trace_id
+        assert roots[0].parent is not None and f"{roots[0].parent.span_id:016x}" == parent_id
+        exporter.clear()
+
+        # A client-side pipeline over OpenAIBackend carries its trace to the server.
+        client_provider = TracerProvider()
+        remote = OpenAIBackend(f"{base}/v1", model=MODEL, tokenizer=backend.tokenizer, mode="text")
+        pipe = Pipeline(UniformScorer(), KeepRate(1.0), remote, tracer_provider=client_provider)
+        with client_provider.get_tracer("test").start_as_current_span("caller") as caller:
+            pipe.generate("Hello there", max_tokens=2)
+        server_roots = [s for s in exporter.get_finished_spans() if s.name == "specprefill.pipeline"]
+        assert len(server_roots) == 1
+        assert server_roots[0].context.trace_id == caller.get_span_context().trace_id
+
+
+# ----------------------------------------------------------------------------- schemathesis
+OPERATIONS = [
+    ("POST", "/v1/chat/completions"),
+    ("POST", "/v1/completions"),
+    ("POST", "/v1/tokenize"),
+    ("GET", "/v1/models"),
+    ("GET", "/v1/models/{model_id}"),
+    ("GET", "/health"),
+]
+
+
+@pytest.fixture(scope="module")
+def fuzz_schema(backend: Any) -> Iterator[Any]:
+    """A small-limits app (64-token prompts, 2 new tokens) so that valid generated requests stay cheap."""
+    from specprefill_sdk.server import create_app
+
+    app = create_app(
+        backend=backend,
+        policy="paper",
+        max_prompt_tokens=64,
+        max_output_tokens=2,
+        max_queue=64,
+        max_body_bytes=64 * 1024,
+    )
+    with serve_in_thread(app) as base:
+        yield schemathesis.openapi.from_url(f"{base}/openapi.json")
+
+
+def test_schemathesis_covers_every_operation(fuzz_schema: Any) -> None:
+    found = {(r.ok().method.upper(), r.ok().path) for r in fuzz_schema.get_all_operations()}
+    assert found == set(OPERATIONS)
+
+
+def _steer(case: Any) -> Any:
+    """Point valid bodies at the served model and within the output limit, so that many reach generation."""
+    if isinstance(case.body, dict):
+        if case.path == "/v1/chat/completions" and not case.body.get("messages"):
+            case.body["messages"] = [{"role": "user", "content": "Name a colour."}]
+        if case.path == "/v1/completions" and not case.body.get("prompt"):
+            case.body["prompt"] = "Colours: red, green,"
+        if "model" in case.body:
+            case.body["model"] = MODEL
+        for key in ("max_tokens", "max_completion_tokens"):
+            if isinstance(case.body.get(key), int):
+                case.body[key] = min(case.body[key], 2)
+        options = case.body.get("specprefill")
+        if isinstance(options, dict) and isinstance(options.get("look_ahead"), int):
+            options["look_ahead"] = min(options["look_ahead"], 2)
+    return case
+
+
+# Only the bodies of POST routes have invalid inputs to generate (any string is a valid model id).
+FUZZ_CASES = [(m, p, GenerationMode.POSITIVE) for m, p in OPERATIONS] + [
+    (m, p, GenerationMode.NEGATIVE) for m, p in OPERATIONS if m == "POST"
+]
+
+
+@pytest.mark.parametrize(("method", "path", "mode"), FUZZ_CASES, ids=[f"{m} {p} {g}" for m, p, g in FUZZ_CASES])
+def test_schemathesis_finds_no_server_error(fuzz_schema: Any, method: str, path: str, mode: GenerationMode) -> None:
+    operation = fuzz_schema[path][method]
+    seen: list[int] = []
+    strategy = operation.as_strategy(generation_mode=mode)
+    if mode == GenerationMode.POSITIVE:
+        strategy = strategy.map(_steer)
+
+    generates = mode == GenerationMode.POSITIVE and path in ("/v1/chat/completions", "/v1/completions")
+
+    @given(case=strategy)
+    @settings(
+        max_examples=12 if generates else 25,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        derandomize=True,
+        database=None,
+    )
+    def run(case: Any) -> None:
+        response = case.call(timeout=120)
+        seen.append(response.status_code)
+        assert response.status_code < 500, f"{method} {path} -> {response.status_code}: {response.text[:500]}"
+        if response.status_code >= 400:
+            assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+
+    run()
+    print(f"{method} {path} {mode}: statuses {sorted(Counter(seen).items())}")
+    assert seen
