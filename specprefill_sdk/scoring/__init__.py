@@ -1,0 +1,26 @@
+"""Scorers: one importance score per prompt token.
+
+- `DraftAttentionScorer`: the SpecPrefill method, a draft model's attention while it starts to answer;
+- `SelfInformationScorer`: surprisal under the draft (LLMLingua-style baseline);
+- `UniformScorer`, `RandomScorer`, `RecencyScorer`, `HeadTailScorer`: model-free baselines.
+
+Example::
+
+    from specprefill_sdk.scoring import DraftAttentionScorer
+    scores = DraftAttentionScorer("smollm2-135m").score(prompt)
+"""
+
+from __future__ import annotations
+
+from .baselines import HeadTailScorer, RandomScorer, RecencyScorer, UniformScorer
+from .draft_attention import DraftAttentionScorer
+from .self_information import SelfInformationScorer
+
+__all__ = [
+    "DraftAttentionScorer",
+    "HeadTailScorer",
+    "RandomScorer",
+    "RecencyScorer",
+    "SelfInformationScorer",
+    "UniformScorer",
+]

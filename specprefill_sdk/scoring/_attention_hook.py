@@ -1,0 +1,235 @@
+"""Read the draft's post-RoPE queries and keys from inside its attention layers.
+
+A model that a `DraftAttentionScorer` uses is switched to the attention implementation
+``specprefill_sdpa`` (or ``specprefill_eager``), registered with transformers' ``AttentionInterface``.
+It calls the plain ``sdpa`` (or the model's ``eager``) function and, only while a `ScoreCollector` is
+active in the current thread or task (a context variable), also turns the query/key tensors it is given
+into attention score rows. Outside a scoring context the model computes exactly what it computed
+before, so the same model object can serve as target and draft at once.
+
+The score rows are reduced on the fly: each layer adds its smoothed rows to a running maximum of
+shape ``[batch, queries, prompt]``; no ``n x n`` matrix and no ``[layers, heads, queries, n]`` tensor
+is ever held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelLoadError
+
+__all__ = ["ScoreCollector", "install", "pool_rows", "skipped_layers"]
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE: contextvars.ContextVar[ScoreCollector | None] = contextvars.ContextVar("specprefill_scoring", default=None)
+_PREFIX = "specprefill_"
+#: implementations the hook can wrap (the base it delegates to) -> the registered name
+_WRAPPED = {"sdpa": _PREFIX + "sdpa", "eager": _PREFIX + "eager"}
+_install_lock = threading.Lock()
+_registered = False
+
+
+def pool_rows(rows: torch.Tensor, valid: torch.Tensor, kernel: int) -> torch.Tensor:
+    """Average-pool ``rows`` (``[B, C, L]``) along ``L`` over the ``valid`` columns only (``[B, 1, L]``).
+
+    Each output column is the mean of the valid columns inside its window of ``kernel`` columns
+    (centred; for an even kernel the extra column is on the left), so edges and padding are not
+    averaged in as zeros. With every column valid this is ``avg_pool1d(..., count_include_pad=False)``.
+    """
+    if kernel <= 1:
+        return rows
+    length = rows.shape[-1]
+    pad = kernel // 2
+    sums = F.avg_pool1d(rows, kernel, stride=1, padding=pad, count_include_pad=True)[..., :length]
+    counts = F.avg_pool1d(valid.to(rows.dtype), kernel, stride=1, padding=pad, count_include_pad=True)[..., :length]
+    return sums / counts.clamp_min(1.0 / kernel)
+
+
+def skipped_layers(config: Any) -> frozenset[int]:
+    """Layers whose attention does not count: sliding-window layers when the model also has global ones.
+
+    A sliding-window layer cannot see most of a long prompt, so its (renormalised) attention would
+    favour recent tokens for no reason but its window. When every layer is windowed (e.g. Mistral),
+    all layers count and each one's attention is restricted to its own window, as the draft computes it.
+    """
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layer_types = getattr(text_config, "layer_types", None)
+    if not layer_types or "full_attention" not in layer_types:
+        return frozenset()
+    return frozenset(i for i, kind in enumerate(layer_types) if kind != "full_attention")
+
+
+class ScoreCollector:
+    """Accumulates ``best[b, j, i] = max over layers and heads of the pooled attention of query j to key i``.
+
+    The scorer drives it: `begin_step` before every forward pass of the draft (step 0 is the prompt
+    prefill, step j the j-th look-ahead token), then reads `best`. Sequence indices are those of the
+    left-padded batch: the prompt occupies ``[0, prompt_len)``, row ``b``'s real tokens start at
+    ``pad[b]``.
+    """
+
+    def __init__(
+        self,
+        *,
+        pad: torch.Tensor,
+        prompt_len: int,
+        num_queries: int,
+        pool_kernel: int,
+        skip: frozenset[int],
+        device: torch.device,
+    ) -> None:
+        batch = int(pad.shape[0])
+        self.prompt_len = prompt_len
+        self.pool_kernel = pool_kernel
+        self.skip = skip
+        self.pad = pad.to(device)
+        self.best = torch.zeros(batch, num_queries, prompt_len, dtype=torch.float32, device=device)
+        columns = torch.arange(prompt_len, device=device)
+        self.columns = columns
+        self.valid = (columns[None, :] >= self.pad[:, None])[:, None, :]  # [B, 1, P]
+        self.step = 0
+        self.seq_len = prompt_len
+        self.layers_seen: set[int] = set()
+
+    def begin_step(self, step: int) -> None:
+        """Prepare for the forward pass whose last query is query ``step`` (0: the last prompt token)."""
+        self.step = step
+        self.seq_len = self.prompt_len + step
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[ScoreCollector]:
+        """Make this collector receive the attention calls of the current thread or task."""
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def observe(
+        self,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        scaling: float | None,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> None:
+        """Add one layer's contribution for the current query (the last query row of this call)."""
+        layer = getattr(module, "layer_idx", None)
+        if layer in self.skip:
+            return
+        if layer is not None:
+            self.layers_seen.add(int(layer))
+        kv_len = key.shape[2]
+        first = self.seq_len - kv_len  # sequence index of key[..., 0, :] (a sliding cache drops the oldest)
+        visible = self.prompt_len - first
+        if visible <= 0:
+            return
+        q = query[:, :, -1, :].float()  # [B, H, d]
+        k = key[:, :, :visible, :].float()  # [B, KVH, C, d]: prompt keys only
+        batch, heads, dim = q.shape
+        kv_heads = k.shape[1]
+        groups = heads // kv_heads
+        scale = scaling if scaling is not None else dim**-0.5
+        # GQA: query head h reads kv head h // groups, as repeat_kv lays them out.
+        logits = torch.matmul(q.view(batch, kv_heads, groups, dim), k.transpose(-1, -2)).view(batch, heads, visible)
+        logits = logits * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        seq_idx = self.columns[first : self.prompt_len]
+        allowed = seq_idx[None, :] >= self.pad[:, None]  # [B, C]
+        if sliding_window is not None:
+            allowed = allowed & ((self.seq_len - 1 - seq_idx) < sliding_window)[None, :]
+        logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)  # a row with no visible key gives zeros
+        if first > 0:
+            rows = probs.new_zeros(batch, heads, self.prompt_len)
+            rows[..., first:] = probs
+        else:
+            rows = probs
+        pooled = pool_rows(rows, self.valid, self.pool_kernel).amax(dim=1)  # [B, P]
+        target = self.best[:, self.step]
+        torch.maximum(target, pooled, out=target)
+
+
+def _eager_function(module: Any) -> Callable[..., Any]:
+    fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+    if fn is None:
+        raise ModelLoadError(f"{type(module).__name__} has no eager_attention_forward to delegate to")
+    return fn
+
+
+def _make_wrapper(base: str) -> Callable[..., Any]:
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def attention(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        collector = _ACTIVE.get()
+        if collector is not None:
+            scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
+            window = kwargs.get("sliding_window")
+            collector.observe(module, query, key, scaling, window, kwargs.get("softcap"))
+        fn = ALL_ATTENTION_FUNCTIONS[base] if base != "eager" else _eager_function(module)
+        return fn(module, query, key, value, attention_mask, *args, **kwargs)
+
+    attention.__name__ = f"{_PREFIX}{base}_attention_forward"
+    return attention
+
+
+def _register() -> None:
+    global _registered
+    if _registered:
+        return
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    for base, name in _WRAPPED.items():
+        AttentionInterface.register(name, _make_wrapper(base))
+        # Masks must be built exactly as for the wrapped implementation.
+        AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
+    _registered = True
+
+
+def install(model: Any) -> None:
+    """Switch ``model`` to the hooked twin of its attention implementation (idempotent).
+
+    Raises:
+        ModelLoadError: the model uses an attention implementation other than ``sdpa`` or ``eager``.
+    """
+    with _install_lock:
+        _register()
+        current = model.config._attn_implementation
+        if current in _WRAPPED.values():
+            return
+        if current not in _WRAPPED:
+            raise ModelLoadError(
+                f"the draft model uses attn_implementation={current!r}; draft-attention scoring needs 'sdpa' or "
+                "'eager' (load it with attn_implementation='sdpa')"
+            )
+        model.set_attn_implementation(_WRAPPED[current])
+        if model.config._attn_implementation != _WRAPPED[current]:
+            raise ModelLoadError(f"{type(model).__name__} does not allow switching its attention implementation")
+        logger.debug("draft attention hooked: %s -> %s", current, _WRAPPED[current])
+
+
+def base_implementation(model: Any) -> str:
+    """The implementation a hooked model delegates to (``sdpa`` or ``eager``), else its own."""
+    current = str(model.config._attn_implementation)
+    return current.removeprefix(_PREFIX) if current in _WRAPPED.values() else current

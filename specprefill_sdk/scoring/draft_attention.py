@@ -1,0 +1,260 @@
+"""`DraftAttentionScorer`: token importance from a small draft model's attention (the SpecPrefill method).
+
+The draft reads the whole prompt (n tokens), then greedily decodes up to ``look_ahead - 1`` more tokens.
+The post-RoPE queries of the last prompt token and of each look-ahead token attend, in every layer and
+head, to the draft's keys of the prompt only::
+
+    a[l, h, j, :] = softmax(q_j . K_prompt^T * scaling)            (fp32, over the n prompt keys)
+    s_i = mean_j  max_{l, h}  avg_pool(a[l, h, j, :], kernel)[i]     (edges not damped)
+
+Example::
+
+    scorer = DraftAttentionScorer("smollm2-135m", look_ahead=8)
+    scores = scorer.score(build_prompt(scorer.loaded.tokenizer, "...long text... Question: ..."))
+    scores.values.topk(10)
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import InvalidRequestError, SpecPrefillError
+from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from ..types import Prompt, TokenScores
+from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
+from ._attention_hook import ScoreCollector, install, skipped_layers
+
+__all__ = ["DraftAttentionScorer"]
+
+logger = logging.getLogger(__name__)
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}", param=name)
+    return value
+
+
+class DraftAttentionScorer:
+    """Scores prompt tokens by the attention a draft model pays them while it starts to answer.
+
+    Args:
+        draft: a model spec for `load_model` or an already loaded `LoadedModel` (it may be the
+            target's own: scoring never changes what the model computes outside a scoring call).
+        look_ahead: N, the number of queries: the last prompt token plus up to N-1 greedily decoded
+            tokens (fewer when the draft emits an end-of-sequence id). 1 = last prompt token only.
+        pool_kernel: width of the average pool that smooths each attention row (1 = none).
+        device, dtype: where and how to load ``draft`` when it is a spec (ignored for a `LoadedModel`).
+        target_tokenizer: the target's tokenizer, when known; the draft then reads the prompt's ids
+            directly if both vocabularies are equal and re-tokenizes the prompt's text otherwise.
+            Without it each prompt is checked: ids the draft tokenizer reproduces from the text are read
+            directly, others are re-tokenized.
+        max_batch_tokens: `score_batch` runs prompts of similar length together while
+            ``batch size x longest prompt`` stays within this many tokens.
+
+    Sliding-window layers (Gemma 2/3, Qwen2 with ``use_sliding_window``) do not count when the model
+    also has full-attention layers; when every layer is windowed (Mistral), each layer counts with its
+    attention restricted to its window, exactly as the draft computes it.
+
+    Example::
+
+        scorer = DraftAttentionScorer("smollm2-135m")
+        cheaper = scorer.with_options(look_ahead=1)   # shares the loaded model
+    """
+
+    name = "draft-attention"
+
+    def __init__(
+        self,
+        draft: str | LoadedModel = DEFAULT_MODEL,
+        *,
+        look_ahead: int = 8,
+        pool_kernel: int = 13,
+        device: str | torch.device | None = "auto",
+        dtype: str | torch.dtype | None = "auto",
+        target_tokenizer: Any = None,
+        max_batch_tokens: int = 16384,
+    ) -> None:
+        self.look_ahead = _positive_int(look_ahead, "look_ahead")
+        self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
+        self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
+        if isinstance(draft, LoadedModel):
+            self.loaded = draft
+        else:
+            self.loaded = load_model(draft, device=device, dtype=dtype)
+        model = self.loaded.model
+        install(model)
+        self._skip = skipped_layers(model.config)
+        self._vocab_size = int(model.get_input_embeddings().num_embeddings)
+        # transformers renamed the cache argument (``past_key_values`` -> ``cache``) in 5.2x.
+        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
+        self.target_tokenizer = target_tokenizer
+        self._same_vocab: bool | None = (
+            None if target_tokenizer is None else same_vocabulary(self.loaded.tokenizer, target_tokenizer)
+        )
+
+    @property
+    def model_name(self) -> str:
+        """The draft's name (as given to `load_model`)."""
+        return self.loaded.name
+
+    def __repr__(self) -> str:
+        return (
+            f"DraftAttentionScorer(draft={self.model_name!r}, look_ahead={self.look_ahead}, "
+            f"pool_kernel={self.pool_kernel})"
+        )
+
+    def with_options(self, look_ahead: int | None = None, pool_kernel: int | None = None) -> DraftAttentionScorer:
+        """A scorer with other settings that shares this one's loaded draft model."""
+        return DraftAttentionScorer(
+            self.loaded,
+            look_ahead=self.look_ahead if look_ahead is None else look_ahead,
+            pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
+            target_tokenizer=self.target_tokenizer,
+            max_batch_tokens=self.max_batch_tokens,
+        )
+
+    def score(self, prompt: Prompt) -> TokenScores:
+        """One fp32 score per prompt token (larger: more important)."""
+        return self.score_batch([prompt])[0]
+
+    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
+        """Score several prompts, batching those of similar length; equal to ``[score(p) for p in prompts]``.
+
+        Raises:
+            InvalidRequestError: an empty prompt, or token ids the draft cannot read.
+            SpecPrefillError: a prompt longer than the draft's context window.
+        """
+        prompts = list(prompts)
+        for p in prompts:
+            check_prompt(p)
+        inputs = [to_draft_tokens(p, self.loaded.tokenizer, self._vocab_size, self._same_vocab) for p in prompts]
+        limit = self.loaded.max_context
+        for d in inputs:
+            if len(d.ids) > limit:
+                raise SpecPrefillError(
+                    f"the prompt has {len(d.ids)} draft tokens, more than the draft's context of {limit}",
+                    code="draft_context_exceeded",
+                )
+        results: list[TokenScores | None] = [None] * len(prompts)
+        for group in self._groups([len(d.ids) for d in inputs]):
+            started = time.perf_counter()
+            outputs = self._score_ids([inputs[i].ids for i in group])
+            logger.debug(
+                "scored %d prompt(s) of up to %d tokens in %.1f ms",
+                len(group),
+                max(len(inputs[i].ids) for i in group),
+                (time.perf_counter() - started) * 1000,
+            )
+            for i, (values, used, continuation) in zip(group, outputs, strict=True):
+                results[i] = self._finish(prompts[i], inputs[i], values, used, continuation)
+        return [r for r in results if r is not None]
+
+    def _finish(
+        self, prompt: Prompt, draft: DraftTokens, values: torch.Tensor, used: int, continuation: tuple[int, ...]
+    ) -> TokenScores:
+        if draft.offsets is not None:
+            values = project_scores(values, draft.offsets, prompt.offsets)
+        info = {
+            "draft": self.model_name,
+            "n": prompt.n,
+            "look_ahead": used,
+            "look_ahead_requested": self.look_ahead,
+            "look_ahead_token_ids": continuation,
+            "pool_kernel": self.pool_kernel,
+            "draft_tokens": len(draft.ids),
+            "projected": draft.projected,
+        }
+        return TokenScores(values=values, scorer=self.name, info=info)
+
+    def _groups(self, lengths: list[int]) -> list[list[int]]:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        groups: list[list[int]] = []
+        for i in order:
+            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= self.max_batch_tokens:
+                groups[-1].append(i)
+            else:
+                groups.append([i])
+        return groups
+
+    def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
+        model, device = self.loaded.model, self.loaded.device
+        lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.long, device=device)
+        size, width = len(batch), int(lengths.max())
+        pad = width - lengths
+        input_ids = torch.zeros(size, width, dtype=torch.long, device=device)
+        for b, ids in enumerate(batch):
+            input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long, device=device)
+        # One prompt needs no mask (the plain causal path); a batch is left-padded with explicit
+        # positions so that every row sees exactly what it would see alone.
+        attention_mask: torch.Tensor | None = None
+        position_ids: torch.Tensor | None = None
+        if size > 1:
+            columns = torch.arange(width, device=device)
+            attention_mask = (columns[None, :] >= pad[:, None]).long()
+            position_ids = (columns[None, :] - pad[:, None]).clamp_min(0)
+        collector = ScoreCollector(
+            pad=pad,
+            prompt_len=width,
+            num_queries=self.look_ahead,
+            pool_kernel=self.pool_kernel,
+            skip=self._skip,
+            device=device,
+        )
+        used = torch.ones(size, dtype=torch.long, device=device)
+        generated: list[torch.Tensor] = []
+        limit = self.loaded.max_context
+        from transformers import DynamicCache
+
+        cache = {self._cache_arg: DynamicCache(config=model.config)}
+        with torch.inference_mode(), collector.active():
+            collector.begin_step(0)
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=True,
+                logits_to_keep=1,
+                **cache,
+            )
+            token = out.logits[:, -1].argmax(-1)
+            done = torch.isin(token, self._eos)
+            for step in range(1, self.look_ahead):
+                done |= lengths - 1 + step >= limit  # no position beyond the draft's context
+                if bool(done.all()):
+                    break
+                used += (~done).long()
+                generated.append(torch.where(done, -1, token))
+                collector.begin_step(step)
+                if attention_mask is not None:
+                    attention_mask = torch.cat([attention_mask, attention_mask.new_ones(size, 1)], dim=1)
+                out = model(
+                    input_ids=token[:, None],
+                    attention_mask=attention_mask,
+                    position_ids=(lengths - 1 + step)[:, None],
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **cache,
+                )
+                token = out.logits[:, -1].argmax(-1)
+                done |= torch.isin(token, self._eos)
+        if not collector.layers_seen:
+            raise SpecPrefillError(
+                f"{type(model).__name__} did not route its attention through transformers' AttentionInterface; "
+                "it cannot be used as a draft"
+            )
+        steps = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in range(size)]
+        results = []
+        for b in range(size):
+            n_used = int(used[b])
+            values = collector.best[b, :n_used, int(pad[b]) :].mean(dim=0)
+            results.append((values.cpu(), n_used, tuple(int(t) for t in steps[b][: n_used - 1])))
+        return results

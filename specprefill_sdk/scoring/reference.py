@@ -1,0 +1,75 @@
+"""A slow, direct implementation of draft-attention scoring, to check `DraftAttentionScorer` against.
+
+It materialises everything the fast scorer avoids: the greedy look-ahead is decoded without a cache,
+then one eager forward pass over prompt + look-ahead returns every layer's full attention matrix
+(``output_attentions=True``), from which the rows of the queries and the columns of the prompt are cut.
+Memory grows with ``layers x heads x (n + N)^2``: use it on short prompts only.
+
+It switches the model to eager attention for the duration of the call and back afterwards, so it must
+not run while another thread uses the same model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..models import LoadedModel
+from ._attention_hook import skipped_layers
+
+__all__ = ["greedy_look_ahead", "reference_draft_attention_scores"]
+
+
+def greedy_look_ahead(loaded: LoadedModel, token_ids: Sequence[int], look_ahead: int) -> list[int]:
+    """Up to ``look_ahead - 1`` greedy tokens after the prompt, stopping before an end-of-sequence id."""
+    model = loaded.model
+    eos = set(loaded.eos_token_ids)
+    seq = [int(t) for t in token_ids]
+    out: list[int] = []
+    with torch.inference_mode():
+        for _ in range(look_ahead - 1):
+            logits = model(torch.tensor([seq], device=loaded.device), use_cache=False).logits[0, -1]
+            token = int(logits.argmax())
+            if token in eos or len(seq) >= loaded.max_context:
+                break
+            seq.append(token)
+            out.append(token)
+    return out
+
+
+def reference_draft_attention_scores(
+    loaded: LoadedModel, token_ids: Sequence[int], *, look_ahead: int = 8, pool_kernel: int = 13
+) -> tuple[torch.Tensor, list[int]]:
+    """``(scores, look-ahead tokens)`` for one prompt of draft token ids, the slow way.
+
+    Rows ``n-1 .. n+N-2`` of each layer's eager attention, columns ``:n`` renormalised to sum to one
+    (that equals a softmax over the prompt keys), average-pooled with ``count_include_pad=False``, max
+    over layers and heads, mean over the queries.
+    """
+    model = loaded.model
+    n = len(token_ids)
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        continuation = greedy_look_ahead(loaded, token_ids, look_ahead)
+        seq = torch.tensor([[*token_ids, *continuation]], device=loaded.device)
+        with torch.inference_mode():
+            attentions = model(seq, output_attentions=True, use_cache=False).attentions
+    finally:
+        model.set_attn_implementation(previous)
+    skip = skipped_layers(model.config)
+    pooled_layers = []
+    for layer, attn in enumerate(attentions):
+        if layer in skip:
+            continue
+        rows = attn[0, :, n - 1 :, :n].float()  # [H, queries, n]
+        rows = (rows / rows.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
+        heads, queries, _ = rows.shape
+        flat = rows.reshape(heads * queries, 1, n)
+        if pool_kernel > 1:
+            flat = F.avg_pool1d(flat, pool_kernel, stride=1, padding=pool_kernel // 2, count_include_pad=False)
+        pooled_layers.append(flat[..., :n].reshape(heads, queries, n))
+    stacked = torch.stack(pooled_layers)  # [L, H, queries, n]
+    return stacked.amax(dim=(0, 1)).mean(dim=0).cpu(), continuation
