@@ -10,12 +10,12 @@ from typing import Any
 
 import httpx
 import pytest
+from server_utils import ServerProcess, free_port, serve_in_thread, start_server
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from server_utils import ServerProcess, free_port, serve_in_thread, start_server
 from specprefill_sdk.backends.openai import OpenAIBackend, render_kept_messages, render_kept_text
 from specprefill_sdk.errors import (
     BackendUnavailableError,
@@ -52,8 +52,11 @@ def test_text_mode_renders_kept_spans_with_the_separator(tok: Any) -> None:
     n = prompt.n
     compressed = _keep(prompt, [0, 1, n - 2, n - 1])
     text = render_kept_text(compressed, tok, separator=" [...] ")
-    assert text == "one two [...]  five six"
+    assert text.split() == ["one", "two", "[...]", "five", "six"]
     assert render_kept_text(CompressedPrompt.dense(prompt), tok) == prompt.text
+    ids = prompt.token_ids
+    bare = CompressedPrompt((ids[0], ids[1], ids[3]), (0, 1, 3), n)  # no Prompt: decoded run by run
+    assert render_kept_text(bare, tok, separator="|") == "one two| four"
 
 
 def test_text_mode_renders_messages_from_their_kept_content(tok: Any) -> None:
@@ -72,10 +75,11 @@ def test_text_mode_renders_messages_from_their_kept_content(tok: Any) -> None:
     }
     keep = content[1][:2] + content[1][-2:] + content[3] + list(range(prompt.generation_start, prompt.n))
     rendered = render_kept_messages(_keep(prompt, sorted(keep)), tok, separator=" … ")
-    assert rendered == [
-        {"role": "user", "content": "one two …  nine ten"},
-        {"role": "user", "content": "Which number comes first?"},
-    ]
+    assert [m["role"] for m in rendered] == ["system", "user", "assistant", "user"]
+    # Nothing kept: sent empty, so the turns keep their order.
+    assert rendered[0]["content"] == rendered[2]["content"] == ""
+    assert rendered[1]["content"].split() == ["one", "two", "…", "nine", "ten"]
+    assert rendered[3]["content"] == "Which number comes first?"
     assert render_kept_messages(CompressedPrompt.dense(prompt), tok) == messages
     with pytest.raises(InvalidRequestError):
         render_kept_messages(CompressedPrompt((1, 2), (0, 1), 2), tok)
@@ -161,6 +165,25 @@ def test_client_errors_are_not_retried(tok: Any) -> None:
         with pytest.raises(InvalidRequestError, match="busy"):
             backend.generate(_compressed(tok), SamplingParams(max_tokens=2))
     assert flaky.calls == 1
+
+
+def test_vllm_wire_sends_the_layout_in_vllm_xargs(tok: Any) -> None:
+    from specprefill_sdk.prompt import build_prompt
+
+    prompt = build_prompt(tok, "one two three four five six seven eight")
+    compressed = _keep(prompt, [0, 1, 5, prompt.n - 1])
+    flaky = Flaky(failures=0, status=200)
+    with serve_in_thread(flaky.app) as base:
+        backend = OpenAIBackend(f"{base}/v1", model=MODEL, tokenizer=tok, wire="vllm")
+        assert backend.mode == "positions"
+        backend.generate(compressed, SamplingParams(max_tokens=3))
+    body = flaky.bodies[0]
+    assert body["prompt"] == list(compressed.token_ids) and "specprefill" not in body
+    assert body["vllm_xargs"]["specprefill_n"] == prompt.n
+    assert body["vllm_xargs"]["specprefill_spans"] == [0, 2, 5, 6, prompt.n - 1, prompt.n]
+    assert body["cache_salt"].startswith("specprefill-")
+    with pytest.raises(InvalidRequestError):
+        OpenAIBackend(f"{base}/v1", model=MODEL, tokenizer=tok, wire="vllm", mode="text")
 
 
 def test_connection_refused_gives_backend_unavailable(tok: Any) -> None:

@@ -404,3 +404,32 @@ def test_openapi_document_describes_the_extension(server: ServerProcess) -> None
     } <= set(options)
     assert "429" in doc["paths"]["/v1/chat/completions"]["post"]["responses"]
     assert json.dumps(doc["components"]["securitySchemes"]).count("bearer") >= 1
+
+
+def test_the_server_client_example_runs(server: ServerProcess) -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "server_client.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--base-url",
+            server.api,
+            "--api-key",
+            KEY,
+            "--chars",
+            "1200",
+            "--max-tokens",
+            "4",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "[chat] prompt" in done.stdout and "[stream] kept" in done.stdout
+    assert "[pipeline, positions mode]" in done.stdout

@@ -45,6 +45,7 @@ from ..errors import (
     SpecPrefillError,
 )
 from ..interfaces import BackendCapabilities
+from ..textmode import render_kept
 from ..types import (
     TEMPLATE_ROLE,
     Completion,
@@ -63,6 +64,7 @@ __all__ = ["DEFAULT_SEPARATOR", "OpenAIBackend", "render_kept_messages", "render
 logger = logging.getLogger(__name__)
 
 Mode = Literal["auto", "positions", "text"]
+Wire = Literal["specprefill", "vllm"]
 
 #: Placed between non-contiguous kept spans in text mode.
 DEFAULT_SEPARATOR = " ... "
@@ -75,47 +77,54 @@ def _ms(start: float) -> float:
 
 
 # ----------------------------------------------------------------------------- rendering kept spans
-def _runs(indices: Sequence[int]) -> list[list[int]]:
-    """Split sorted indices into runs of consecutive values."""
-    runs: list[list[int]] = []
-    for i in indices:
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+def _covers(prompt: Prompt, indices: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
+    """Character ranges that tile ``[start, end)``: a token runs from its start to the next one's.
+
+    The whitespace between two tokens goes with the token before it, so kept runs keep their spacing.
+    """
+    starts = [min(max(prompt.offsets[t][0], start), end) for t in indices]
+    if starts:
+        starts[0] = start
+    return [(a, max(a, starts[j + 1] if j + 1 < len(starts) else end)) for j, a in enumerate(starts)]
 
 
-def _run_text(prompt: Prompt | None, tokenizer: Any, run: Sequence[int], ids: Mapping[int, int]) -> str:
-    """The text of a run of prompt positions: the original characters when offsets are known."""
-    if prompt is not None:
-        start, end = prompt.offsets[run[0]][0], prompt.offsets[run[-1]][1]
-        if end > start:
-            return prompt.text[start:end]
-    return str(tokenizer.decode([ids[i] for i in run], skip_special_tokens=False))
+def _render(prompt: Prompt, indices: Sequence[int], kept: set[int], separator: str) -> str:
+    start, end = prompt.offsets[indices[0]][0], max(prompt.offsets[t][1] for t in indices)
+    text, _ = render_kept(prompt.text, _covers(prompt, indices, start, end), [t in kept for t in indices], separator)
+    return text
 
 
 def render_kept_text(compressed: CompressedPrompt, tokenizer: Any, separator: str = DEFAULT_SEPARATOR) -> str:
-    """The kept tokens of a compressed prompt as text, non-contiguous spans joined by ``separator``.
+    """The kept tokens of a compressed prompt as text, with ``separator`` where tokens were dropped.
 
-    Special tokens of a text prompt are left out (the remote adds its own); a prompt without
-    provenance (bare ids) is decoded run by run.
+    Special tokens of a text prompt are left out (the remote adds its own). A compressed prompt
+    without its `Prompt` (bare ids) is decoded run by run.
     """
-    ids = dict(zip(compressed.position_ids, compressed.token_ids, strict=True))
     prompt = compressed.prompt
-    positions = list(compressed.position_ids)
-    if prompt is not None and prompt.messages is None:
-        positions = [p for p in positions if not prompt.special[p]]
-    return separator.join(_run_text(prompt, tokenizer, run, ids) for run in _runs(positions))
+    if prompt is None or not any(b > a for a, b in prompt.offsets):
+        ids = dict(zip(compressed.position_ids, compressed.token_ids, strict=True))
+        runs: list[list[int]] = []
+        for p in compressed.position_ids:
+            if runs and p == runs[-1][-1] + 1:
+                runs[-1].append(p)
+            else:
+                runs.append([p])
+        return separator.join(str(tokenizer.decode([ids[p] for p in run], skip_special_tokens=False)) for run in runs)
+    indices = (
+        [t for t in range(prompt.n) if not prompt.special[t]] if prompt.messages is None else list(range(prompt.n))
+    )
+    if not indices:
+        raise InvalidRequestError("the prompt has no text to render", param="prompt")
+    return _render(prompt, indices, set(compressed.position_ids), separator)
 
 
 def render_kept_messages(
     compressed: CompressedPrompt, tokenizer: Any, separator: str = DEFAULT_SEPARATOR
 ) -> list[dict[str, str]]:
-    """The kept content of each chat message, as OpenAI messages for a remote chat template.
+    """Each chat message with the characters of its kept content tokens, for a remote chat template.
 
-    Template tokens are dropped (the remote renders its own template); a message whose content was
-    kept whole is sent unchanged; a message with nothing kept is left out.
+    Template tokens are dropped (the remote renders its own template); a message kept whole is sent
+    unchanged, one with nothing kept is sent empty, so the turn order stays.
 
     Raises:
         InvalidRequestError: the compressed prompt carries no chat messages.
@@ -123,21 +132,14 @@ def render_kept_messages(
     prompt = compressed.prompt
     if prompt is None or prompt.messages is None:
         raise InvalidRequestError("this compressed prompt has no chat messages to render")
-    ids = dict(zip(compressed.position_ids, compressed.token_ids, strict=True))
     kept = set(compressed.position_ids)
     out: list[dict[str, str]] = []
     for index, message in enumerate(prompt.messages):
         content = [t for t in range(prompt.n) if prompt.message_index[t] == index and prompt.roles[t] != TEMPLATE_ROLE]
-        chosen = [t for t in content if t in kept]
-        if content and len(chosen) == len(content):
+        if not content or all(t in kept for t in content):
             out.append(message.to_dict())
-        elif chosen:
-            text = separator.join(_run_text(prompt, tokenizer, run, ids) for run in _runs(chosen))
-            out.append({"role": message.role, "content": text})
-        elif not content and not message.content.strip():
-            out.append(message.to_dict())
-    if not out:
-        out.append(prompt.messages[-1].to_dict())
+        else:
+            out.append({"role": message.role, "content": _render(prompt, content, kept, separator)})
     return out
 
 
@@ -228,6 +230,9 @@ class OpenAIBackend(BackendBase):
         max_context: the remote's context window; default: advertised by the server, else read from
             the tokenizer's model config.
         headers: extra headers for every request.
+        wire: how positions travel in ``positions`` mode: ``"specprefill"`` (the ``specprefill``
+            body extension of our server) or ``"vllm"`` (``vllm_xargs`` + ``cache_salt`` for
+            ``vllm serve`` with the specprefill plugin; implies ``mode="positions"``).
     """
 
     provider_name = "openai"
@@ -247,7 +252,14 @@ class OpenAIBackend(BackendBase):
         separator: str = DEFAULT_SEPARATOR,
         max_context: int | None = None,
         headers: Mapping[str, str] | None = None,
+        wire: Wire = "specprefill",
     ) -> None:
+        if wire not in ("specprefill", "vllm"):
+            raise InvalidRequestError(f"wire must be 'specprefill' or 'vllm', got {wire!r}", param="wire")
+        if wire == "vllm" and mode == "text":
+            raise InvalidRequestError("wire='vllm' sends positions: it needs mode='positions'", param="wire")
+        if wire == "vllm":
+            mode = "positions"  # a vLLM server with the plugin does not advertise it: the caller says so
         if mode not in ("auto", "positions", "text"):
             raise InvalidRequestError(f"mode must be 'auto', 'positions' or 'text', got {mode!r}", param="mode")
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
@@ -257,6 +269,7 @@ class OpenAIBackend(BackendBase):
         self.base_url = base_url.rstrip("/")
         self.model = model
         self.requested_mode: Mode = mode
+        self.wire: Wire = wire
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_backoff = max_backoff
@@ -300,6 +313,11 @@ class OpenAIBackend(BackendBase):
     def capabilities(self) -> BackendCapabilities:
         """Exact positions in ``positions`` mode; text only otherwise (resolves ``auto``)."""
         return BackendCapabilities(supports_position_ids=self.mode == "positions", supports_streaming=True)
+
+    @capabilities.setter
+    def capabilities(self, value: BackendCapabilities) -> None:
+        """Declare what the server accepts instead of asking it: position ids -> ``positions`` mode."""
+        self._mode = "positions" if value.supports_position_ids else "text"
 
     @property
     def max_context(self) -> int:
@@ -368,6 +386,10 @@ class OpenAIBackend(BackendBase):
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
+        if mode == "positions" and self.wire == "vllm":
+            from .vllm.layout import vllm_completion_body
+
+            return _Request("/completions", vllm_completion_body(prompt, params, self.model, stream=stream), chat=False)
         if mode == "positions":
             body["specprefill"] = {
                 "prompt_token_ids": list(prompt.token_ids),
