@@ -1,0 +1,50 @@
+"""LangChain integration of specprefill-sdk (install ``specprefill-sdk[langchain]``).
+
+- `ChatSpecPrefill`: a chat model over a SpecPrefill `Pipeline` (in process or over HTTP).
+- `SpecPrefillDocumentCompressor`: shortens retrieved documents against the query, each on its own
+  or under one shared budget (use it in ``ContextualCompressionRetriever``).
+- `SpecPrefillMessageCompressor`: a `Runnable` that shortens chat messages for any chat model.
+- `SpecPrefillMiddleware`: a LangChain 1.x agent middleware doing the same before every model call
+  (needs the ``langchain`` package besides ``langchain-core``).
+
+Example::
+
+    from specprefill_langchain import ChatSpecPrefill
+
+    chat = ChatSpecPrefill(model="smollm2-135m", policy="paper", max_tokens=64)
+    print(chat.invoke("Summarize: " + long_text).content)
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "ChatSpecPrefill": "chat_models",
+    "SpecPrefillDocumentCompressor": "document_compressors",
+    "SpecPrefillMessageCompressor": "message_compressor",
+    "SpecPrefillMiddleware": "middleware",
+}
+
+__all__ = ["ChatSpecPrefill", "SpecPrefillDocumentCompressor", "SpecPrefillMessageCompressor", "SpecPrefillMiddleware"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'specprefill_langchain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from .chat_models import ChatSpecPrefill
+    from .document_compressors import SpecPrefillDocumentCompressor
+    from .message_compressor import SpecPrefillMessageCompressor
+    from .middleware import SpecPrefillMiddleware

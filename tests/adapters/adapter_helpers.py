@@ -1,0 +1,87 @@
+"""Helpers shared by the adapter tests."""
+
+from __future__ import annotations
+
+_STOPWORDS = frozenset(
+    (
+        "a",
+        "an",
+        "and",
+        "are",
+        "as",
+        "at",
+        "be",
+        "by",
+        "did",
+        "do",
+        "does",
+        "for",
+        "from",
+        "has",
+        "have",
+        "how",
+        "in",
+        "is",
+        "it",
+        "its",
+        "of",
+        "on",
+        "or",
+        "that",
+        "the",
+        "their",
+        "they",
+        "this",
+        "to",
+        "was",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "who",
+        "why",
+        "with",
+    )
+)
+
+
+def hash_embedding(text: str, dim: int = 2048) -> list[float]:
+    """A deterministic set-of-words embedding (hashed content words, L2-normalized): retrieval without a model.
+
+    No embedding model can be downloaded here; this one still ranks documents by the words they share.
+    """
+    import math
+    import re
+    import zlib
+
+    vector = [0.0] * dim
+    for word in set(re.findall(r"[a-z0-9]+", text.lower())) - _STOPWORDS:
+        vector[zlib.crc32(word.encode()) % dim] = 1.0
+    norm = math.sqrt(sum(v * v for v in vector)) or 1.0
+    return [v / norm for v in vector]
+
+
+def words(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"[A-Za-z0-9]+", text))
+
+
+#: A visible gap marker: compressed texts split on it into pieces of their own source.
+GAP = " … "
+
+
+def assert_pieces_of(text: str, original: str, gap: str = GAP) -> None:
+    """Every piece of ``text`` between gap markers is a substring of ``original``, in order."""
+    cursor = 0
+    for piece in text.split(gap):
+        at = original.find(piece, cursor)
+        assert at >= 0, f"{piece[:60]!r} is not in the source after position {cursor}"
+        cursor = at + len(piece)
+
+
+def is_subsequence(text: str, original: str) -> bool:
+    """True when the characters of ``text`` occur in ``original`` in the same order."""
+    it = iter(original)
+    return all(ch in it for ch in text)

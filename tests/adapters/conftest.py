@@ -1,0 +1,38 @@
+"""Fixtures of the adapter tests: the adapters importable from the checkout, pipelines over SmolLM2."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
+# An editable install maps adapters/ already; a plain checkout needs it on the path.
+if str(ADAPTERS) not in sys.path:
+    sys.path.insert(0, str(ADAPTERS))
+
+#: Settings of the in-process pipelines that the adapters build by name (shared with the fixtures below).
+MODEL_SETTINGS = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16"}
+
+
+@pytest.fixture(scope="session")
+def paper_pipeline(smollm):
+    """The paper's method with a 30% keep rate: compresses every prompt long enough to have chunks."""
+    from specprefill_sdk.policies import load_pipeline
+
+    return load_pipeline("paper", model=smollm, keep_rate=0.3)
+
+
+@pytest.fixture(scope="session")
+def dense_pipeline(smollm):
+    """The adaptive policy: short prompts are prefilled whole, without the draft (fast chat tests)."""
+    from specprefill_sdk.policies import load_pipeline
+
+    return load_pipeline("adaptive", model=smollm)
+
+
+@pytest.fixture(scope="session")
+def documents(essay):
+    """Three documents of different topics cut from real text, plus a short factual one."""
+    return [essay[:900], "The Louvre museum is in Paris. It opened in 1793 and holds the Mona Lisa.", essay[900:2000]]
