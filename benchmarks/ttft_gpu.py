@@ -352,22 +352,22 @@ def markdown(result: dict[str, Any]) -> str:
         "- full = plain HF forward of the prompt + first token; e2e = Pipeline(DraftAttentionScorer, "
         "Protect(Chunked(KeepRate(r), 32)), TransformersBackend).generate(max_tokens=1); direct = score + select + "
         "plain forward of the kept tokens at their positions; ceiling = full / (plain draft prefill + kept prefill)",
-        "",
-        "## TTFT",
-        "",
-        "| pair | n | keep | look-ahead | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling "
-        "| direct ms | direct ratio to ceiling |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if any(row.get("cells") for row in result["rows"]):
+        lines += ["", "## TTFT", "",
+                  "| pair | n | keep | look-ahead | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling "
+                  "| direct ms | direct ratio to ceiling |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         for c in row.get("cells", []):
             lines.append(
                 f"| {row['pair']} | {row['n']} | {c['keep_rate']:g} | {c['look_ahead']} | {c['full_ms']:.1f} | "
                 f"{c['e2e_ms']:.1f} | {c['speedup']:.2f}x | {c['ceiling']:.2f}x | {100 * c['ratio_to_ceiling']:.0f}% | "
                 f"{c['e2e_direct_ms']:.1f} | {100 * c['ratio_to_ceiling_direct']:.0f}% |")
-    lines += ["", "## Scoring against a plain draft prefill", "",
-              "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | draft peak MiB "
-              "| scoring peak MiB | memory ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if any(row.get("score") for row in result["rows"]):
+        lines += ["", "## Scoring against a plain draft prefill", "",
+                  "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | draft peak MiB "
+                  "| scoring peak MiB | memory ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in result["rows"]:
         for la, s in row.get("score", {}).items():
             lines.append(f"| {row['pair']} | {row['n']} | {row['draft_prefill_ms']:.1f} | {la} | {s['ms']:.1f} | "
