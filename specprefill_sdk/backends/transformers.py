@@ -61,6 +61,8 @@ class KVState:
     token_ids: torch.Tensor  # [B, S] int64, CPU
     next_positions: list[int] = field(default_factory=list)
     logits: torch.Tensor | None = None  # [B, V] float32, on the model's device
+    #: tokens the last `TransformersBackend.prefill` ran through the model (per row)
+    last_prefilled: int = 0
 
     @property
     def batch_size(self) -> int:
@@ -96,6 +98,19 @@ class KVState:
     def _single(self) -> None:
         if self.batch_size != 1:
             raise ValueError(f"this operation needs a single-row KVState, got {self.batch_size} rows")
+
+
+def _mask_style(net: Any) -> str | None:
+    """``sdpa`` or ``eager`` (the mask each wants), also through a wrapper such as ``specprefill_sdpa``.
+
+    A draft scorer sharing the model registers a wrapper named ``<prefix>_<base>`` that delegates to the
+    base implementation; its masks are the base's, so the backend leaves it in place.
+    """
+    impl = str(getattr(net.config, "_attn_implementation", None) or "")
+    for base in ("sdpa", "eager"):
+        if impl == base or impl.endswith("_" + base):
+            return base
+    return None
 
 
 def _cache_layers(cache: Any) -> list[Any]:
@@ -182,9 +197,9 @@ class TransformersBackend(BackendBase):
     # ----------------------------------------------------------------- model set-up
     @staticmethod
     def _ensure_mask_attention(net: Any) -> None:
-        impl = getattr(net.config, "_attn_implementation", None)
-        if impl in ("sdpa", "eager"):
+        if _mask_style(net) is not None:
             return
+        impl = getattr(net.config, "_attn_implementation", None)
         # Flash-attention paths ignore a 4-D mask and derive sequence boundaries from position ids.
         logger.warning("attention implementation %r cannot take an explicit position mask; switching to sdpa", impl)
         net.set_attn_implementation("sdpa")
@@ -271,7 +286,7 @@ class TransformersBackend(BackendBase):
         return masks
 
     def _as_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        if getattr(self.loaded.model.config, "_attn_implementation", "sdpa") == "eager":
+        if _mask_style(self.loaded.model) == "eager":
             dtype = self.loaded.model.dtype
             return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
                 ~allowed, torch.finfo(dtype).min
@@ -328,6 +343,7 @@ class TransformersBackend(BackendBase):
             self.evict_positions(state, [last])
             cached.pop(last)
         new = [(p, t) for p, t in zip(prompt.position_ids, prompt.token_ids, strict=True) if p not in cached]
+        state.last_prefilled = len(new)
         logits: torch.Tensor | None = None
         for start in range(0, len(new), self.prefill_chunk):
             part = new[start : start + self.prefill_chunk]
@@ -446,11 +462,23 @@ class TransformersBackend(BackendBase):
         last chunk has ``finish_reason`` and the whole `Completion`.
         """
         self.check(prompt, params)
-        return self._stream(prompt, params)
+        return self._stream(prompt, params, None)
 
-    def _stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+    def stream_from(
+        self, state: KVState, prompt: CompressedPrompt, params: SamplingParams
+    ) -> Iterator[CompletionChunk]:
+        """Like `stream`, but extends ``state`` (see `prefill`) instead of starting from an empty cache.
+
+        Afterwards ``state`` holds the prompt and every generated token except the last one.
+        """
+        self.check(prompt, params)
+        return self._stream(prompt, params, state)
+
+    def _stream(
+        self, prompt: CompressedPrompt, params: SamplingParams, state: KVState | None
+    ) -> Iterator[CompletionChunk]:
         t0 = time.perf_counter()
-        state = self.prefill(prompt)
+        state = self.prefill(prompt, state)
         prefill_ms = _ms(t0)
         run = _Run(self.tokenizer, self._eos, params)
         ttft = 0.0
