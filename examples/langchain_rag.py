@@ -5,7 +5,7 @@ lives in langchain-classic since LangChain 1.0). Runs on the bundled SmolLM2-135
 The retriever here is a small keyword matcher so the script runs offline; any LangChain retriever
 (a vector store's ``as_retriever()``) fits in its place.
 
-    python examples/langchain_rag.py [--keep 0.3] [--shared-budget 200] [--max-tokens 24]
+    python examples/langchain_rag.py [--keep 0.3] [--shared-budget 200] [--doc-chars 1200] [--max-tokens 24]
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ FACT = (
 )
 
 
-def knowledge_base() -> list[Document]:
-    """Four essay passages and one harbour note, each with its source in the metadata."""
-    texts = [haystack(1200, start=i)[:1200] for i in range(4)] + [FACT]
+def knowledge_base(chars: int = 1200) -> list[Document]:
+    """Four essay passages of about ``chars`` characters and one harbour note, each with its source."""
+    texts = [haystack(chars, start=i)[:chars] for i in range(4)] + [FACT]
     return [Document(page_content=t, metadata={"source": f"kb/{i}.txt"}, id=f"doc-{i}") for i, t in enumerate(texts)]
 
 
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m", help="the model that scores and answers")
     parser.add_argument("--keep", type=float, default=0.3, help="keep rate of each document")
     parser.add_argument("--shared-budget", type=int, default=0, help="one token budget over all documents")
+    parser.add_argument("--doc-chars", type=int, default=1200, help="length of the essay passages")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args(argv)
 
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         compressor = SpecPrefillDocumentCompressor(**options, keep_rate=args.keep)
     retriever = ContextualCompressionRetriever(
-        base_compressor=compressor, base_retriever=keyword_retriever(knowledge_base())
+        base_compressor=compressor, base_retriever=keyword_retriever(knowledge_base(args.doc_chars))
     )
     docs = retriever.invoke(QUESTION)
     print(f"Question: {QUESTION}\n")

@@ -4,7 +4,7 @@ Needs ``pip install "specprefill-sdk[llamaindex]"``. Runs on the bundled SmolLM2
 The index is a keyword table so the script runs offline (no embedding model); a vector index works
 the same way.
 
-    python examples/llamaindex_query_engine.py [--keep 0.3] [--max-tokens 24]
+    python examples/llamaindex_query_engine.py [--keep 0.3] [--doc-chars 1000] [--max-tokens 24]
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ FACT = (
 )
 
 
-def documents() -> list[Document]:
-    """Three essay passages that mention a lighthouse in passing, and one harbour note."""
-    essays = [haystack(1000, start=i)[:1000] + " The lighthouse was closed that year." for i in range(3)]
+def documents(chars: int = 1000) -> list[Document]:
+    """Three essay passages (about ``chars`` characters) that mention a lighthouse, and one harbour note."""
+    essays = [haystack(chars, start=i)[:chars] + " The lighthouse was closed that year." for i in range(3)]
     return [Document(text=t, id_=f"doc-{i}", metadata={"source": f"kb/{i}.txt"}) for i, t in enumerate([*essays, FACT])]
 
 
@@ -34,11 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m", help="the model that scores and answers")
     parser.add_argument("--keep", type=float, default=0.3, help="keep rate of each node")
+    parser.add_argument("--doc-chars", type=int, default=1000, help="length of the essay passages")
     parser.add_argument("--max-tokens", type=int, default=24)
     args = parser.parse_args(argv)
 
     llm = SpecPrefillLLM(model=args.model, policy="paper", max_tokens=args.max_tokens)
-    index = SimpleKeywordTableIndex.from_documents(documents(), llm=llm)  # keywords by regex: the LLM idles
+    index = SimpleKeywordTableIndex.from_documents(
+        documents(args.doc_chars), llm=llm
+    )  # keywords by regex: the LLM idles
     engine = index.as_query_engine(
         llm=llm,
         node_postprocessors=[  # chunks of 16 tokens (the paper uses 32 for long prompts) suit short nodes

@@ -27,7 +27,7 @@ def _kept(output: str) -> list[tuple[int, int]]:
 @pytest.mark.slow
 def test_langchain_example(capsys) -> None:
     pytest.importorskip("langchain_classic")
-    assert _load("langchain_rag").main(["--max-tokens", "6"]) == 0
+    assert _load("langchain_rag").main(["--doc-chars", "600", "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     kept = _kept(out)
     assert len(kept) == 3 and any(a < b for a, b in kept)
@@ -39,7 +39,7 @@ def test_langchain_example(capsys) -> None:
 @pytest.mark.slow
 def test_llamaindex_example(capsys) -> None:
     pytest.importorskip("llama_index.core")
-    assert _load("llamaindex_query_engine").main(["--max-tokens", "6"]) == 0
+    assert _load("llamaindex_query_engine").main(["--doc-chars", "500", "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     kept = _kept(out)
     assert kept and all(a <= b for a, b in kept)

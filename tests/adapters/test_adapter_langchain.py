@@ -58,7 +58,7 @@ def test_unknown_call_arguments_are_refused() -> None:
 def test_chat_model_reports_the_compression(paper_pipeline, essay) -> None:
     chat = ChatSpecPrefill(pipeline=paper_pipeline, max_tokens=8)
     assert chat.model_name == paper_pipeline.backend.model_name
-    reply = chat.invoke([("system", "Answer in one sentence."), ("human", essay[:1500] + "\nWhat is the text about?")])
+    reply = chat.invoke([("system", "Answer in one sentence."), ("human", essay[:1000] + "\nWhat is the text about?")])
     info = reply.response_metadata["specprefill"]
     assert isinstance(reply, AIMessage) and reply.content
     assert info["kept_tokens"] < info["prompt_tokens"] == reply.usage_metadata["input_tokens"]
@@ -145,7 +145,7 @@ def test_message_compressor_shortens_user_turns_before_any_model(paper_pipeline,
     compressor = SpecPrefillMessageCompressor(pipeline=paper_pipeline, roles=["user"], gap=GAP)
     messages = [
         SystemMessage("You answer questions about essays.", id="s"),
-        HumanMessage(essay[:1500], id="h1"),
+        HumanMessage(essay[:1000], id="h1"),
         AIMessage("I have read it.", id="a"),
         HumanMessage("What is the essay about?", id="h2"),
     ]
@@ -157,7 +157,7 @@ def test_message_compressor_shortens_user_turns_before_any_model(paper_pipeline,
 
     template = ChatPromptTemplate.from_messages([("system", "Answer briefly."), ("human", "{text}\n\n{question}")])
     chain = template | compressor | ChatSpecPrefill(pipeline=dense_pipeline, max_tokens=4)
-    values = {"text": essay[:1500], "question": "What is it about?"}
+    values = {"text": essay[:1000], "question": "What is it about?"}
     reply = chain.invoke(values)
     assert isinstance(reply, AIMessage) and reply.content
     full = dense_pipeline.prompt(
@@ -184,7 +184,7 @@ async def test_agent_middleware_shortens_every_model_call(paper_pipeline, dense_
         seen.append([m.text for m in request.messages])
         return await handler(request)
 
-    question = essay[:1500] + "\nWhat is the essay about?"
+    question = essay[:1000] + "\nWhat is the essay about?"
     for inner in (record, arecord):
         agent = create_agent(
             model=ChatSpecPrefill(pipeline=dense_pipeline, max_tokens=6),
