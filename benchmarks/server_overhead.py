@@ -3,8 +3,9 @@
 Both sides run the same model, dtype, device and policy on this machine: the in-process side is a
 `Pipeline` from `load_pipeline`; the server side is a ``specprefill serve`` process on 127.0.0.1
 driven over a kept-alive HTTP connection with a streaming chat request. TTFT is the wall time from
-the call (or the request) to the first generated text. The two are measured alternately, so drift in
-the machine's load hits both alike; the overhead is the difference of the medians.
+the call (or the request) to the first generated text. The two are measured alternately (in both
+orders), so drift in the machine's load hits both alike; the overhead is the median of the paired
+differences. A one-line prompt (``dense-short``) shows the server's fixed cost per request best.
 
 Usage::
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chars", type=int, default=3000, help="essay length in characters")
     parser.add_argument("--repeats", type=int, default=9, help="timed calls per side and policy")
     parser.add_argument("--policies", nargs="+", default=["paper", "dense"], help="policies on the essay prompt")
+    parser.add_argument("--short-repeats", type=int, default=21, help="timed calls per side, one-line prompt")
     parser.add_argument("--no-short", action="store_true", help="skip the one-line prompt (fixed per-request cost)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
@@ -159,26 +161,34 @@ def main(argv: list[str] | None = None) -> int:
                 in_process_ttft(pipe, messages)  # warm-up, both sides
                 server_ttft(http, messages, policy)
                 local_ms, remote_ms, local_info, remote_info = [], [], {}, {}
-                for _ in range(args.repeats):
-                    ms, local_info = in_process_ttft(pipe, messages)
-                    local_ms.append(ms)
-                    ms, remote_info = server_ttft(http, messages, policy)
-                    remote_ms.append(ms)
+                repeats = args.short_repeats if label == "dense-short" else args.repeats
+                for i in range(repeats):
+                    # Alternate the order (A B, B A, ...) so neither side always runs second.
+                    for side in ("local", "server") if i % 2 == 0 else ("server", "local"):
+                        if side == "local":
+                            ms, local_info = in_process_ttft(pipe, messages)
+                            local_ms.append(ms)
+                        else:
+                            ms, remote_info = server_ttft(http, messages, policy)
+                            remote_ms.append(ms)
                 med_local, med_remote = statistics.median(local_ms), statistics.median(remote_ms)
+                # Paired differences cancel the slow drift of a shared machine's load.
+                paired = statistics.median(r - loc for r, loc in zip(remote_ms, local_ms, strict=True))
                 results[label] = {
                     "policy": policy,
+                    "repeats": repeats,
                     "in_process_ttft_ms": local_ms,
                     "server_ttft_ms": remote_ms,
                     "median_in_process_ms": med_local,
                     "median_server_ms": med_remote,
-                    "overhead_ms": med_remote - med_local,
+                    "overhead_ms": paired,
                     "overhead_ratio": med_remote / med_local,
                     "in_process_last": local_info,
                     "server_last": remote_info,
                 }
                 print(
-                    f"{policy}: in-process {med_local:.1f} ms, server {med_remote:.1f} ms, "
-                    f"overhead {med_remote - med_local:+.1f} ms ({med_remote / med_local:.3f}x), "
+                    f"{label}: in-process {med_local:.1f} ms, server {med_remote:.1f} ms, "
+                    f"overhead (median of paired differences) {paired:+.1f} ms, "
                     f"{remote_info['kept_tokens']}/{remote_info['prompt_tokens']} tokens kept"
                 )
     finally:
@@ -186,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(timeout=30)
     report = {
         "benchmark": "server_overhead",
-        "what": "TTFT (call/request to first generated text), median of repeats, same prompt and policy",
+        "what": "TTFT (call/request to first generated text), same prompt and policy; overhead_ms is the median "
+        "of the paired differences server - in-process",
         "model": MODEL,
         "device": args.device,
         "dtype": args.dtype,

@@ -352,12 +352,13 @@ def test_sixteen_concurrent_clients_get_answers_or_429(server: ServerProcess) ->
 def test_client_disconnect_mid_stream_frees_the_server(server: ServerProcess) -> None:
     body = {
         "model": MODEL,
-        "prompt": "Write a long story about a dragon.",
+        "prompt": "Once upon a time, in a land of mountains and rivers, there lived a dragon who",
         "max_tokens": MAX_OUTPUT_TOKENS,
         "stream": True,
         "specprefill": {"enabled": False},
     }
     seen = 0
+    cancelled = httpx.get(f"{server.base}/health").json()["cancelled_streams"]
     with (
         httpx.Client(headers=AUTH, timeout=300) as http,
         http.stream("POST", f"{server.api}/completions", json=body) as response,
@@ -378,6 +379,8 @@ def test_client_disconnect_mid_stream_frees_the_server(server: ServerProcess) ->
             break
         time.sleep(0.1)
     assert in_flight == 0
+    # The generation was stopped before its end, not run to completion for nobody.
+    assert httpx.get(f"{server.base}/health").json()["cancelled_streams"] == cancelled + 1
     after = httpx.post(
         f"{server.api}/completions",
         headers=AUTH,

@@ -170,6 +170,7 @@ def create_app(
             queue_depth=stats.waiting,
             max_concurrency=stats.max_concurrency,
             max_queue=stats.max_queue,
+            cancelled_streams=engine.cancelled_streams,
         )
 
     return app

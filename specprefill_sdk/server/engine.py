@@ -120,17 +120,26 @@ class StreamHandle:
         self._iterator = iterator
         self._ticket = ticket
         self._closed = False
+        self._finished = False
 
     async def next(self) -> CompletionChunk | None:
         """The next chunk, or None at the end."""
         chunk = await self._engine.call(self._ctx, next, self._iterator, _DONE)
-        return None if chunk is _DONE else chunk
+        if chunk is _DONE:
+            self._finished = True
+            return None
+        if chunk.finish_reason is not None:
+            self._finished = True
+        return chunk
 
     async def aclose(self) -> None:
         """Stop the generation and give the slot back (safe to call twice; never cancelled midway)."""
         if self._closed:
             return
         self._closed = True
+        if not self._finished:
+            self._engine.cancelled_streams += 1
+            logger.info("a stream was stopped before its end (the client went away)")
         try:
             close = getattr(self._iterator, "close", None)
             if close is not None:
@@ -185,6 +194,8 @@ class ServingEngine:
         self.max_output_tokens = max_output_tokens
         self.default_max_tokens = default_max_tokens
         self.admission = Admission(max_concurrency, max_queue)
+        #: Streams stopped before their end because the client went away.
+        self.cancelled_streams = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
         self._score_lock = threading.Lock()
         self._telemetry = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}

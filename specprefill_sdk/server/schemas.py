@@ -358,6 +358,7 @@ class HealthResponse(BaseModel):
     queue_depth: int
     max_concurrency: int
     max_queue: int
+    cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
 
 
 class ErrorDetail(BaseModel):
