@@ -1,22 +1,27 @@
 """Pipeline call time without an OpenTelemetry SDK and with the SDK recording into memory.
 
-Two workloads, each timed in both modes with the calls interleaved (A, B, A, B, ...) so that drift
-in the machine's load hits both modes alike:
+Three modes, timed with their calls interleaved (modes shuffled in every round) so that drift in the
+machine's load hits all of them alike:
 
-- ``stages``: in-process stages that do almost nothing (a recency scorer, a top-quarter selector, a
-  backend that returns a fixed completion), so the time is the pipeline's own bookkeeping plus its
-  telemetry: the upper bound of what tracing can add to a call;
-- ``smollm2``: the ``paper`` policy on the bundled SmolLM2-135M (CPU): draft scoring with look-ahead,
-  chunked selection, sparse prefill and one generated token, on a short essay prompt.
+- ``null``: the pipeline's telemetry replaced by plain Python objects whose calls do nothing: the
+  baseline of a pipeline without any OpenTelemetry calls;
+- ``no-sdk``: the shipped default, no provider given and none configured: every span and metric call
+  goes to the OpenTelemetry API's no-op implementation;
+- ``sdk-in-memory``: an SDK ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
+  ``InMemorySpanExporter`` and an SDK ``MeterProvider`` with an ``InMemoryMetricReader``.
 
-Modes: ``no-sdk`` (no provider given and none configured: the API's no-op tracer and meter) and
-``sdk-in-memory`` (an SDK ``TracerProvider`` with a ``SimpleSpanProcessor`` into an
-``InMemorySpanExporter``, and an SDK ``MeterProvider`` with an ``InMemoryMetricReader``).
+Two workloads:
+
+- ``stages``: in-process stages that do almost nothing (a recency scorer, a last-quarter selector, a
+  backend that returns a fixed completion) on a 256-token prompt, so that the time is the pipeline's
+  own bookkeeping plus its telemetry: the upper bound of what tracing adds to a call;
+- ``smollm2``: the ``paper`` policy on the bundled SmolLM2-135M (CPU, bf16): draft scoring with
+  look-ahead, chunked selection, sparse prefill and one generated token, on a short chat prompt.
 
 Usage::
 
     python benchmarks/tracing_overhead.py            # writes benchmarks/results/tracing_overhead.{json,md}
-    python benchmarks/tracing_overhead.py --stage-calls 500 --model-calls 10 --out /tmp
+    python benchmarks/tracing_overhead.py --stage-calls 500 --model-calls 0 --out /tmp
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from specprefill_sdk import (
     BackendCapabilities,
@@ -54,9 +59,8 @@ from specprefill_sdk import (
     Usage,
 )
 from specprefill_sdk.backends.base import BackendBase
-from specprefill_sdk.tracing import Telemetry, set_attributes
 
-MODES = ("no-sdk", "sdk-in-memory")
+MODES = ("null", "no-sdk", "sdk-in-memory")
 
 
 class _RecencyScorer:
@@ -92,6 +96,36 @@ class _FixedBackend(BackendBase):
         return Completion("x", (1,), "length", Usage(prompt.n, prompt.kept, 1), model="fixed")
 
 
+class _NullInstrument:
+    def record(self, amount: float, attributes: Any = None) -> None:
+        pass
+
+    def add(self, amount: float, attributes: Any = None) -> None:
+        pass
+
+
+class _NullSpanScope:
+    def __enter__(self) -> Span:
+        return INVALID_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _NullTelemetry:
+    """What `Pipeline.generate` calls on its telemetry, doing nothing at all (the baseline)."""
+
+    _scope = _NullSpanScope()
+
+    def __init__(self) -> None:
+        for name in ("ttft", "score_time", "keep_ratio", "prompt_tokens", "kept_tokens", "fallbacks",
+                     "operation_duration", "token_usage", "time_to_first_chunk"):  # fmt: skip
+            setattr(self, name, _NullInstrument())
+
+    def span(self, name: str, attributes: Any = None, kind: Any = None) -> _NullSpanScope:
+        return self._scope
+
+
 class _Recording:
     """SDK providers that keep every span and metric in memory."""
 
@@ -101,6 +135,18 @@ class _Recording:
         self.tracer_provider.add_span_processor(SimpleSpanProcessor(self.spans))
         self.reader = InMemoryMetricReader()
         self.meter_provider = MeterProvider(metric_readers=[self.reader])
+
+
+def _three_pipelines(build: Callable[..., Pipeline]) -> tuple[dict[str, Pipeline], _Recording]:
+    rec = _Recording()
+    null = build()
+    null.telemetry = _NullTelemetry()  # type: ignore[assignment]
+    pipes = {
+        "null": null,
+        "no-sdk": build(),
+        "sdk-in-memory": build(tracer_provider=rec.tracer_provider, meter_provider=rec.meter_provider),
+    }
+    return pipes, rec
 
 
 def _time_interleaved(
@@ -136,78 +182,43 @@ def _summary(times: list[float]) -> dict[str, float]:
 
 def _workload(name: str, description: str, times: dict[str, list[float]], spans_per_call: int) -> dict[str, Any]:
     modes = {mode: _summary(t) for mode, t in times.items()}
-    base, traced = modes["no-sdk"]["median_ms"], modes["sdk-in-memory"]["median_ms"]
+    null, plain, traced = (modes[m]["median_ms"] for m in MODES)
     return {
         "name": name,
         "description": description,
         "modes": modes,
         "spans_per_call": spans_per_call,
-        "overhead_ms": traced - base,
-        "overhead_pct": 100.0 * (traced - base) / base,
+        "no_sdk_vs_null_ms": plain - null,
+        "no_sdk_vs_null_pct": 100.0 * (plain - null) / null,
+        "sdk_vs_no_sdk_ms": traced - plain,
+        "sdk_vs_no_sdk_pct": 100.0 * (traced - plain) / plain,
     }
 
 
-def bench_stages(n: int) -> dict[str, Any]:
-    rec = _Recording()
-    plain = Pipeline(_RecencyScorer(), _LastQuarter(), _FixedBackend())
-    traced = Pipeline(
-        _RecencyScorer(),
-        _LastQuarter(),
-        _FixedBackend(),
-        tracer_provider=rec.tracer_provider,
-        meter_provider=rec.meter_provider,
-    )
-    prompt = Prompt.from_token_ids(range(1, 257))
+def _run(pipes: dict[str, Pipeline], rec: _Recording, prompt: Any, n: int, warmup: int) -> tuple[Any, int]:
     params = SamplingParams(max_tokens=1)
+
+    def caller(pipe: Pipeline) -> Callable[[], Any]:
+        return lambda: pipe.generate(prompt, params)
+
     times = _time_interleaved(
-        {"no-sdk": lambda: plain.generate(prompt, params), "sdk-in-memory": lambda: traced.generate(prompt, params)},
+        {mode: caller(pipe) for mode, pipe in pipes.items()},
         n,
-        warmup=50,
+        warmup=warmup,
         between=rec.spans.clear,
     )
     rec.spans.clear()
-    traced.generate(prompt, params)
-    spans = len(rec.spans.get_finished_spans())
-    return _workload(
-        "stages", "256-token prompt, no-op stages: the pipeline's own work and its telemetry", times, spans
-    )
+    pipes["sdk-in-memory"].generate(prompt, params)
+    return times, len(rec.spans.get_finished_spans())
 
 
-def bench_noop_telemetry(rounds: int = 30, per_round: int = 1000) -> dict[str, Any]:
-    """Microseconds spent in the telemetry calls of one `generate` when no SDK is configured.
+def bench_stages(n: int) -> dict[str, Any]:
+    def build(**providers: Any) -> Pipeline:
+        return Pipeline(_RecencyScorer(), _LastQuarter(), _FixedBackend(), **providers)
 
-    Replays what a traced `generate` does (four spans with their attributes, ten metric records)
-    against a `Telemetry` built from the API's default no-op providers.
-    """
-    tel = Telemetry()
-    attrs = {f"specprefill.attribute_{i}": i for i in range(12)}
-    metric = {"gen_ai.operation.name": "chat", "gen_ai.request.model": "m"}
-
-    def one() -> None:
-        with tel.span("specprefill.pipeline", attrs) as root:
-            with tel.span("specprefill.score", attrs):
-                pass
-            tel.score_time.record(1.0, metric)
-            with tel.span("specprefill.select", attrs) as select:
-                set_attributes(select, attrs)
-            with tel.span("chat m", attrs, kind=SpanKind.CLIENT) as inference:
-                tel.operation_duration.record(0.1, metric)
-                tel.ttft.record(1.0, metric)
-                tel.keep_ratio.record(0.1, metric)
-                tel.prompt_tokens.add(100, metric)
-                tel.kept_tokens.add(10, metric)
-                tel.token_usage.record(10, metric)
-                tel.token_usage.record(1, metric)
-                set_attributes(inference, attrs)
-            set_attributes(root, attrs)
-
-    per_call = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        for _ in range(per_round):
-            one()
-        per_call.append((time.perf_counter() - t0) * 1e6 / per_round)
-    return {"median_us": statistics.median(per_call), "rounds": rounds, "calls_per_round": per_round}
+    pipes, rec = _three_pipelines(build)
+    times, spans = _run(pipes, rec, Prompt.from_token_ids(range(1, 257)), n, warmup=50)
+    return _workload("stages", "256-token prompt, no-op stages: the pipeline's own work", times, spans)
 
 
 def bench_smollm2(n: int) -> dict[str, Any]:
@@ -215,25 +226,11 @@ def bench_smollm2(n: int) -> dict[str, Any]:
     from specprefill_sdk.eval.corpora import haystack
 
     lm = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
-    rec = _Recording()
-    plain = load_pipeline("paper", model=lm)
-    traced = load_pipeline("paper", model=lm, tracer_provider=rec.tracer_provider, meter_provider=rec.meter_provider)
-    messages = [{"role": "user", "content": haystack(1200) + "\n\nIn one word, what is this text about?"}]
-    prompt_tokens = plain.prompt(messages).n
-    params = SamplingParams(max_tokens=1)
+    pipes, rec = _three_pipelines(lambda **providers: load_pipeline("paper", model=lm, **providers))
+    messages = [{"role": "user", "content": haystack(600) + "\n\nIn one word, what is this text about?"}]
+    prompt_tokens = pipes["no-sdk"].prompt(messages).n
     with torch.inference_mode():
-        times = _time_interleaved(
-            {
-                "no-sdk": lambda: plain.generate(messages, params),
-                "sdk-in-memory": lambda: traced.generate(messages, params),
-            },
-            n,
-            warmup=3,
-            between=rec.spans.clear,
-        )
-        rec.spans.clear()
-        traced.generate(messages, params)
-    spans = len(rec.spans.get_finished_spans())
+        times, spans = _run(pipes, rec, messages, n, warmup=2)
     return _workload(
         "smollm2",
         f"paper policy on SmolLM2-135M (CPU, bf16), {prompt_tokens}-token chat prompt, 1 generated token",
@@ -259,6 +256,7 @@ def _environment() -> dict[str, Any]:
         "opentelemetry-api": version("opentelemetry-api"),
         "opentelemetry-sdk": version("opentelemetry-sdk"),
         "date": time.strftime("%Y-%m-%d"),
+        "load_average_1m_at_start": os.getloadavg()[0],
     }
 
 
@@ -267,12 +265,14 @@ def _markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Tracing overhead",
         "",
-        "Pipeline call time without an OpenTelemetry SDK (`no-sdk`: the API's no-op providers) and with",
-        "the SDK recording every span and metric into memory (`sdk-in-memory`). Calls of both modes are",
-        "interleaved; times are wall-clock milliseconds per `Pipeline.generate` call.",
+        "Wall-clock milliseconds per `Pipeline.generate` call in three modes, their calls interleaved:",
+        "`null` (the pipeline's telemetry calls go to plain Python objects that do nothing: no",
+        "OpenTelemetry at all), `no-sdk` (the default: no SDK configured, the OpenTelemetry API's no-op",
+        "providers) and `sdk-in-memory` (the SDK recording every span and metric into memory).",
         "",
         f"Machine: {env['processor']}, {env['cpu_count']} CPUs, torch {env['torch']} ({env['torch_threads']} "
-        f"threads), Python {env['python']}, opentelemetry-sdk {env['opentelemetry-sdk']}; {env['date']}.",
+        f"threads), Python {env['python']}, opentelemetry-sdk {env['opentelemetry-sdk']}; {env['date']}; "
+        f"load average {env['load_average_1m_at_start']:.1f} when the run started (the machine is shared).",
         "",
         "| workload | mode | calls | median ms | p10 ms | p90 ms |",
         "| --- | --- | ---: | ---: | ---: | ---: |",
@@ -286,29 +286,43 @@ def _markdown(result: dict[str, Any]) -> str:
             )
     lines += [
         "",
-        "| workload | what is timed | spans per call | overhead of the SDK (median) |",
-        "| --- | --- | ---: | ---: |",
+        "| workload | what is timed | spans per call | no-sdk vs null (median) | sdk-in-memory vs no-sdk (median) |",
+        "| --- | --- | ---: | ---: | ---: |",
     ]
     for w in result["workloads"]:
         lines.append(
             f"| {w['name']} | {w['description']} | {w['spans_per_call']} | "
-            f"{w['overhead_ms'] * 1000:+.0f} µs ({w['overhead_pct']:+.2f} %) |"
+            f"{_delta(w['no_sdk_vs_null_ms'])} ({w['no_sdk_vs_null_pct']:+.2f} %) | "
+            f"{_delta(w['sdk_vs_no_sdk_ms'])} ({w['sdk_vs_no_sdk_pct']:+.2f} %) |"
         )
-    noop = result["noop_telemetry"]["median_us"]
-    lines += [
-        "",
-        f"Without an SDK, the telemetry calls of one `generate` (four no-op spans with their attributes, ten "
-        f"no-op metric records) take {noop:.1f} µs in all"
-        + "".join(
-            f"; {100 * noop / 1000 / w['modes']['no-sdk']['median_ms']:.3g} % of a {w['name']} call"
-            for w in result["workloads"]
+    by_name = {w["name"]: w for w in result["workloads"]}
+    if "stages" in by_name:
+        cost = by_name["stages"]["no_sdk_vs_null_ms"]
+        text = (
+            f"Without an SDK, the OpenTelemetry calls of one `generate` cost {_delta(cost).lstrip('+')} "
+            "(stages workload, `no-sdk` minus `null`)"
         )
-        + ".",
-        "",
-        "Regenerate with `python benchmarks/tracing_overhead.py`.",
-        "",
-    ]
+        model = by_name.get("smollm2")
+        if model:
+            plain = model["modes"]["no-sdk"]
+            text += (
+                f": {100 * cost / plain['median_ms']:.2g} % of the median SmolLM2 call ({plain['median_ms']:,.0f} ms)"
+            )
+            medians = [m["median_ms"] for m in model["modes"].values()]
+            spread = min(m["p90_ms"] - m["p10_ms"] for m in model["modes"].values())
+            if max(medians) - min(medians) < spread:
+                text += (
+                    f". On the SmolLM2 workload the medians of the three modes lie within "
+                    f"{max(medians) - min(medians):,.0f} ms of each other, less than the p10–p90 spread of any "
+                    f"one mode (at least {spread:,.0f} ms): no difference is measurable there"
+                )
+        lines += ["", text + "."]
+    lines += ["", "Regenerate with `python benchmarks/tracing_overhead.py`.", ""]
     return "\n".join(lines)
+
+
+def _delta(ms: float) -> str:
+    return f"{ms:+,.1f} ms" if abs(ms) >= 1 else f"{ms * 1000:+.1f} µs"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -321,17 +335,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=Path(__file__).parent / "results",
         help="folder for tracing_overhead.json and tracing_overhead.md",
     )
+    parser.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown from a results JSON")
     args = parser.parse_args(argv)
+    if args.render:
+        result = json.loads(args.render.read_text())
+        (args.render.parent / "tracing_overhead.md").write_text(_markdown(result))
+        sys.stdout.write(_markdown(result))
+        return 0
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    environment = _environment()
     workloads = [bench_stages(args.stage_calls)]
     if args.model_calls > 0:
         workloads.append(bench_smollm2(args.model_calls))
-    result = {
-        "benchmark": "tracing_overhead",
-        "environment": _environment(),
-        "noop_telemetry": bench_noop_telemetry(),
-        "workloads": workloads,
-    }
+    result = {"benchmark": "tracing_overhead", "environment": environment, "workloads": workloads}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "tracing_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "tracing_overhead.md").write_text(_markdown(result))

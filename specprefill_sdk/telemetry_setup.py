@@ -59,8 +59,8 @@ def configure(
 
     With ``set_global=True`` the providers also become OpenTelemetry's global ones (once per
     process), so other instrumentation in the process exports through them too. The service name
-    is ``service_name``, else ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, else
-    ``specprefill``.
+    comes from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES`` when they set one, else from
+    ``service_name``, else it is ``specprefill``.
 
     Raises:
         InvalidRequestError: ``kind`` is not one of `KINDS`, or OTLP is asked for another protocol
@@ -124,15 +124,17 @@ def _signal_off(name: str) -> bool:
 def _resource_attributes(service_name: str | None) -> dict[str, str]:
     from . import __version__
 
-    attributes = {"service.version": __version__}
-    if service_name:
-        attributes["service.name"] = service_name
-    elif not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in os.environ.get(
-        "OTEL_RESOURCE_ATTRIBUTES", ""
-    ):
-        # Explicit attributes would override the environment's, so the default only fills a gap.
-        attributes["service.name"] = _DEFAULT_SERVICE_NAME
-    return attributes
+    # Explicit resource attributes override the environment's, so these are defaults that only fill
+    # what OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES leave open.
+    given = {
+        part.split("=", 1)[0].strip()
+        for part in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(",")
+        if "=" in part
+    }
+    if os.environ.get("OTEL_SERVICE_NAME", "").strip():
+        given.add("service.name")
+    defaults = {"service.name": service_name or _DEFAULT_SERVICE_NAME, "service.version": __version__}
+    return {k: v for k, v in defaults.items() if k not in given}
 
 
 def _import_sdk(kind: str) -> dict[str, Any]:

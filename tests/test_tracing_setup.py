@@ -19,6 +19,7 @@ from opentelemetry import metrics, trace
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+import specprefill_sdk
 from specprefill_sdk import InvalidRequestError, Pipeline, SpecPrefillError
 from specprefill_sdk.telemetry_setup import KINDS, configure
 
@@ -354,3 +355,15 @@ def test_specprefill_run_rejects_an_unknown_exporter() -> None:
         check=False,
     )
     assert proc.returncode == 2 and "--otel" in proc.stderr and "console" in proc.stderr
+
+
+def test_the_environment_wins_over_the_callers_default_service_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    tracer_provider, _ = configure("console", service_name="specprefill-server", out=out)
+    tracer_provider.get_tracer("t").start_span("a").end()
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", "service.name=edge-gateway,service.version=7.1")
+    tracer_provider, _ = configure("console", service_name="specprefill-server", out=out)
+    tracer_provider.get_tracer("t").start_span("b").end()
+    first, second = (s["resource"]["attributes"] for s in json_objects(out.getvalue()))
+    assert first["service.name"] == "specprefill-server" and first["service.version"] == specprefill_sdk.__version__
+    assert second["service.name"] == "edge-gateway" and second["service.version"] == "7.1"
