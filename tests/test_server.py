@@ -212,7 +212,7 @@ def _pre(ids: list[int], positions: list[int], **more: Any) -> dict[str, Any]:
 
 CHAT, COMP, TOK = "/v1/chat/completions", "/v1/completions", "/v1/tokenize"
 BAD_INPUTS: list[tuple[str, str, str, Any, dict[str, str] | None, int]] = [
-    # (case, method, path, body (dict -> JSON, bytes -> raw), headers (None -> the API key), status)
+    # (case, method, path, body (dict: JSON, bytes: raw, callable: streamed chunks), headers (None: the key), status)
     ("malformed JSON", "POST", CHAT, b'{"model": "x", "messages": [', None, 400),
     ("empty body", "POST", CHAT, b"", None, 400),
     ("non-UTF-8 bytes", "POST", CHAT, b'{"messages": [{"role": "user", "content": "\xff\xfe\xfa"}]}', None, 400),
@@ -273,6 +273,14 @@ BAD_INPUTS: list[tuple[str, str, str, Any, dict[str, str] | None, int]] = [
     ),
     ("prompt is an object", "POST", COMP, {"prompt": {"text": "Hi"}}, None, 422),
     ("huge body", "POST", CHAT, b"{" + b" " * (5 * 1024 * 1024) + b"}", None, 413),
+    (
+        "huge chunked body (no Content-Length)",
+        "POST",
+        COMP,
+        lambda: iter([b'{"prompt": "'] + [b"x" * 65536] * 80),
+        None,
+        413,
+    ),
     ("prompt over --max-prompt-tokens", "POST", COMP, {"prompt": "word " * (MAX_PROMPT_TOKENS + 50)}, None, 413),
     ("unknown model", "POST", CHAT, _chat(model="gpt-4o"), None, 404),
     ("unknown route", "POST", "/v1/embeddings", {"input": "x"}, None, 404),
@@ -304,8 +312,8 @@ def test_bad_input_gets_the_documented_4xx(
 ) -> None:
     sent_headers = dict(AUTH if headers is None else headers)
     kwargs: dict[str, Any] = {"headers": sent_headers, "timeout": 120}
-    if isinstance(body, bytes):
-        kwargs["content"] = body
+    if isinstance(body, bytes) or callable(body):
+        kwargs["content"] = body() if callable(body) else body
         sent_headers["Content-Type"] = "application/json"
     elif body is not None:
         kwargs["json"] = body

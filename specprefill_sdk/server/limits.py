@@ -161,8 +161,8 @@ class GuardMiddleware:
         return None
 
     def _too_large(self, size: int | None) -> RequestTooLargeError:
-        got = f"{size} bytes" if size is not None else "more"
-        return RequestTooLargeError(f"the request body is too large ({got}; the limit is {self.max_body_bytes} bytes)")
+        got = f" ({size} bytes)" if size is not None else ""
+        return RequestTooLargeError(f"the request body{got} is larger than the limit of {self.max_body_bytes} bytes")
 
     def _limited(self, receive: Receive) -> Receive:
         seen = 0
