@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: How the adapters build pipelines by name in the tests: the same loaded model as the session fixtures.
+MODEL_SETTINGS = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16"}
+
 _STOPWORDS = frozenset(
     (
         "a",

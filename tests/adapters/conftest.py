@@ -12,9 +12,6 @@ ADAPTERS = Path(__file__).resolve().parents[2] / "adapters"
 if str(ADAPTERS) not in sys.path:
     sys.path.insert(0, str(ADAPTERS))
 
-#: Settings of the in-process pipelines that the adapters build by name (shared with the fixtures below).
-MODEL_SETTINGS = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16"}
-
 
 @pytest.fixture(scope="session")
 def paper_pipeline(smollm):
@@ -36,3 +33,14 @@ def dense_pipeline(smollm):
 def documents(essay):
     """Three documents of different topics cut from real text, plus a short factual one."""
     return [essay[:900], "The Louvre museum is in Paris. It opened in 1793 and holds the Mona Lisa.", essay[900:2000]]
+
+
+@pytest.fixture(scope="session")
+def server_base(smollm):
+    """Our OpenAI-compatible server (SmolLM2, policy paper) in a thread on 127.0.0.1: ``http://127.0.0.1:PORT``."""
+    from server_utils import serve_in_thread
+
+    from specprefill_sdk.server.app import create_app
+
+    with serve_in_thread(create_app("smollm2-135m", device="cpu", dtype="bfloat16")) as base:
+        yield base

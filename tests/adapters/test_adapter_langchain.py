@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("langchain_core")
 
-from adapter_helpers import GAP, assert_pieces_of, hash_embedding
+from adapter_helpers import GAP, MODEL_SETTINGS, assert_pieces_of, hash_embedding
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -76,6 +76,20 @@ async def test_chat_model_stream_and_async_agree_with_invoke(dense_pipeline) -> 
     assert streamed[-1].chunk_position == "last" and streamed[-1].usage_metadata is not None
     assert (await chat.ainvoke(messages)).text == text
     assert "".join([c.text async for c in chat.astream(messages)]) == text
+
+
+@pytest.mark.slow
+async def test_chat_model_over_http_sends_exact_positions(server_base, essay) -> None:
+    chat = ChatSpecPrefill(
+        **MODEL_SETTINGS, base_url=f"{server_base}/v1", policy_overrides={"keep_rate": 0.3}, max_tokens=4
+    )
+    messages = [HumanMessage(essay[:1000] + "\nWhat is the text about?")]
+    assert chat.get_pipeline().backend.mode == "positions"  # our server takes kept ids at their positions
+    reply = chat.invoke(messages)
+    info = reply.response_metadata["specprefill"]
+    assert reply.text and info["kept_tokens"] < info["prompt_tokens"]
+    streamed = [c.text async for c in chat.astream(messages)]
+    assert "".join(streamed) == reply.text
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("langchain_tests")
 
-from conftest import MODEL_SETTINGS
+from adapter_helpers import MODEL_SETTINGS
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 from specprefill_langchain import ChatSpecPrefill
