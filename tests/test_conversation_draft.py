@@ -1,0 +1,49 @@
+"""DraftSession: the draft's cache kept across turns scores like a fresh DraftAttentionScorer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.scoring.incremental import DraftSession
+
+pytestmark = pytest.mark.slow
+
+
+def test_session_scores_equal_full_scoring_and_prefill_only_new_tokens(smollm, essay) -> None:
+    scorer = DraftAttentionScorer(smollm, look_ahead=4)
+    session = DraftSession(scorer)
+    tok = smollm.tokenizer
+    turn1 = [{"role": "user", "content": essay[:900] + "\n\nWhat is this about?"}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "It is about work."},
+        {"role": "user", "content": "Which city is mentioned?"},
+    ]
+    p1, p2 = build_prompt(tok, turn1), build_prompt(tok, turn2)
+    common = 0
+    while common < p1.n and p1.token_ids[common] == p2.token_ids[common]:
+        common += 1
+
+    s1 = session.score(p1)
+    assert session.last_prefilled == p1.n and session.cached_tokens == p1.n
+    s2 = session.score(p2)
+    assert session.last_prefilled == p2.n - common < p2.n / 4
+    assert session.cached_tokens == p2.n  # the look-ahead tokens were dropped again
+    for mine, prompt in ((s1, p1), (s2, p2)):
+        full = scorer.score(prompt)
+        assert mine.values.shape == full.values.shape
+        assert torch.allclose(mine.values, full.values, atol=2e-3, rtol=0)
+        assert torch.equal(mine.values.topk(20).indices.sort().values, full.values.topk(20).indices.sort().values)
+        assert mine.info["look_ahead"] == full.info["look_ahead"]
+    # Scoring the same prompt again re-runs only its last token.
+    session.score(p2)
+    assert session.last_prefilled == 1
+    # Going back to a shorter history crops the cache to the common prefix.
+    session.score(p1)
+    assert session.last_prefilled == 1 and session.cached_tokens == p1.n
+    session.reset()
+    session.score(p1)
+    assert session.last_prefilled == p1.n
