@@ -183,3 +183,10 @@ def test_other_architectures_match_plain_transformers(kind, attn, tokenizer) -> 
         backend.generate(sparse, params).token_ids,
         backend.generate(dense, params).token_ids,
     ]
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1e-300, 1.0), (1e-300, 1e-12), (0.7, 1e-12)])
+def test_sampler_extreme_temperature_and_top_p_pick_the_argmax(temperature: float, top_p: float) -> None:
+    logits = torch.randn(500, generator=torch.Generator().manual_seed(3))
+    sampler = TokenSampler(SamplingParams(temperature=temperature, top_p=top_p, seed=1))
+    assert sampler.choose(logits) == int(logits.argmax())

@@ -35,12 +35,18 @@ class TokenSampler:
         """The next token id from 1-D ``logits`` (any device, any float dtype)."""
         if self.params.greedy:
             return int(torch.argmax(logits).item())
-        probs = torch.softmax(logits.detach().float().cpu() / float(self.params.temperature), dim=-1)
+        # float64 keeps tiny temperatures finite; if they still overflow, the limit is greedy.
+        scaled = logits.detach().double().cpu() / float(self.params.temperature)
+        if not torch.isfinite(scaled).all():
+            return int(torch.argmax(logits).item())
+        probs = torch.softmax(scaled - scaled.max(), dim=-1)
         if self.params.top_p < 1.0:
             sorted_probs, order = torch.sort(probs, descending=True)
             # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is short.
             before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-            sorted_probs = torch.where(before < self.params.top_p, sorted_probs, torch.zeros_like(sorted_probs))
+            keep = before < self.params.top_p
+            keep[0] = True  # the most likely token always stays, however small top_p is
+            sorted_probs = torch.where(keep, sorted_probs, torch.zeros_like(sorted_probs))
             pick = torch.multinomial(sorted_probs, 1, generator=self.generator)
             return int(order[pick].item())
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
