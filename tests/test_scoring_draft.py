@@ -1,0 +1,220 @@
+"""`DraftAttentionScorer` and `SelfInformationScorer` on real and tiny random drafts, against slow references."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from specprefill_sdk.errors import InvalidRequestError
+from specprefill_sdk.eval.corpora import haystack
+from specprefill_sdk.models import LoadedModel
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer, SelfInformationScorer
+from specprefill_sdk.scoring._alignment import project_scores
+from specprefill_sdk.scoring.reference import greedy_look_ahead, reference_draft_attention_scores
+from specprefill_sdk.types import Prompt
+
+pytestmark = pytest.mark.slow
+
+RTOL = 1e-4
+
+
+def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Within 1e-4 relative to the largest score (scores far below the peak are ~1e-4 of it anyway)."""
+    assert actual.shape == expected.shape and actual.dtype == torch.float32
+    err = float((actual - expected).abs().max())
+    assert err <= RTOL * float(expected.abs().max()), f"max abs error {err} vs peak {float(expected.abs().max())}"
+
+
+def _tiny(kind: str, tokenizer) -> LoadedModel:
+    """A randomly initialised Qwen2 or Gemma 3 with SmolLM2's vocabulary (49152)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
+
+    common = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, **common))
+    elif kind == "gemma3":  # windowed layers next to global ones: the windowed ones are skipped
+        model = Gemma3ForCausalLM(
+            Gemma3TextConfig(
+                num_hidden_layers=4,
+                sliding_window=16,
+                query_pre_attn_scalar=24,
+                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                **common,
+            )
+        )
+    elif kind == "gemma3-sliding":  # every layer windowed: each counts within its window
+        model = Gemma3ForCausalLM(
+            Gemma3TextConfig(
+                num_hidden_layers=3,
+                sliding_window=16,
+                query_pre_attn_scalar=24,
+                layer_types=["sliding_attention"] * 3,
+                **common,
+            )
+        )
+    else:
+        raise ValueError(kind)
+    return LoadedModel(
+        name=f"tiny-{kind}",
+        model=model.eval(),
+        tokenizer=tokenizer,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source="random",
+    )
+
+
+@pytest.fixture(scope="module")
+def texts():
+    return [haystack(500, start=2), haystack(350, start=5), haystack(650, start=9)]
+
+
+@pytest.fixture(scope="module")
+def fp32_scorer(smollm_fp32):
+    return DraftAttentionScorer(smollm_fp32)
+
+
+def test_smollm_scores_match_the_eager_reference(fp32_scorer, smollm_fp32, texts):
+    prompt = build_prompt(smollm_fp32.tokenizer, [{"role": "user", "content": texts[0] + "\nWhat is this about?"}])
+    scores = fp32_scorer.score(prompt)
+    expected, continuation = reference_draft_attention_scores(smollm_fp32, prompt.token_ids)
+    assert scores.info["look_ahead_token_ids"] == tuple(continuation)
+    assert scores.info["look_ahead"] == 1 + len(continuation) == 8
+    assert scores.info["draft"] == "smollm2-135m" and scores.info["n"] == prompt.n
+    assert scores.info["projected"] is False
+    assert_matches(scores.values, expected)
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3", "gemma3-sliding"])
+def test_tiny_models_match_the_eager_reference(kind, tokenizer, texts):
+    loaded = _tiny(kind, tokenizer)
+    scorer = DraftAttentionScorer(loaded, look_ahead=6, pool_kernel=5)
+    prompts = [build_prompt(tokenizer, t) for t in texts]
+    assert all(p.n > 4 * 16 for p in prompts)  # longer than the sliding window
+    for prompt, scores in zip(prompts, scorer.score_batch(prompts), strict=True):
+        expected, continuation = reference_draft_attention_scores(loaded, prompt.token_ids, look_ahead=6, pool_kernel=5)
+        assert scores.info["look_ahead_token_ids"] == tuple(continuation)
+        assert_matches(scores.values, expected)
+
+
+def test_look_ahead_one_reads_the_last_prompt_token_only(fp32_scorer, smollm_fp32, texts):
+    prompt = build_prompt(smollm_fp32.tokenizer, texts[1])
+    scores = fp32_scorer.with_options(look_ahead=1).score(prompt)
+    assert scores.info["look_ahead"] == 1 and scores.info["look_ahead_token_ids"] == ()
+    expected, _ = reference_draft_attention_scores(smollm_fp32, prompt.token_ids, look_ahead=1)
+    assert_matches(scores.values, expected)
+
+
+def test_with_options_shares_the_model_and_changes_the_settings(fp32_scorer):
+    other = fp32_scorer.with_options(look_ahead=3, pool_kernel=1)
+    assert other.loaded is fp32_scorer.loaded and other.model_name == "smollm2-135m"
+    assert (other.look_ahead, other.pool_kernel) == (3, 1)
+    assert (fp32_scorer.look_ahead, fp32_scorer.pool_kernel) == (8, 13)
+    with pytest.raises(InvalidRequestError):
+        fp32_scorer.with_options(look_ahead=0)
+    with pytest.raises(InvalidRequestError):
+        fp32_scorer.with_options(pool_kernel=-1)
+
+
+@dataclass
+class _WithEos(LoadedModel):
+    eos: tuple[int, ...] = ()
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.eos
+
+
+def test_look_ahead_stops_at_an_end_of_sequence_id(tokenizer, texts):
+    loaded = _tiny("qwen2", tokenizer)
+    prompt = build_prompt(tokenizer, texts[0])
+    free = greedy_look_ahead(_WithEos(**vars(loaded)), prompt.token_ids, 8)
+    assert len(free) == 7
+    stop = free[2]  # the third look-ahead token ends the sequence: queries = last prompt token + 2
+    first = free.index(stop)
+    with_eos = _WithEos(**vars(loaded), eos=(stop,))
+    scores = DraftAttentionScorer(with_eos).score(prompt)
+    assert scores.info["look_ahead"] == 1 + first and scores.info["look_ahead_token_ids"] == tuple(free[:first])
+    expected, _ = reference_draft_attention_scores(with_eos, prompt.token_ids, look_ahead=8)
+    assert_matches(scores.values, expected)
+    # the same as asking for that many queries without an end-of-sequence id
+    assert_matches(DraftAttentionScorer(loaded, look_ahead=1 + first).score(prompt).values, scores.values)
+
+
+def test_a_batch_of_different_lengths_equals_single_calls(fp32_scorer, smollm_fp32, texts):
+    tok = smollm_fp32.tokenizer
+    prompts = [build_prompt(tok, [{"role": "user", "content": t + "\nSummarize."}]) for t in texts]
+    assert len({p.n for p in prompts}) == 3
+    batch = fp32_scorer.score_batch(prompts)
+    assert [len(s) for s in batch] == [p.n for p in prompts]
+    for prompt, scores in zip(prompts, batch, strict=True):
+        single = fp32_scorer.score(prompt)
+        assert scores.info["look_ahead_token_ids"] == single.info["look_ahead_token_ids"]
+        assert_matches(scores.values, single.values)
+
+
+def test_the_draft_refuses_ids_outside_its_vocabulary(fp32_scorer):
+    with pytest.raises(InvalidRequestError):
+        fp32_scorer.score(Prompt.from_token_ids([1, 2, 10**6]))
+    with pytest.raises(InvalidRequestError):
+        fp32_scorer.score(Prompt.from_token_ids([]))
+
+
+def test_the_reference_leaves_the_shared_model_hooked(fp32_scorer, smollm_fp32):
+    reference_draft_attention_scores(smollm_fp32, [1, 2, 3, 4], look_ahead=2)
+    assert smollm_fp32.model.config._attn_implementation == "specprefill_sdpa"
+
+
+def test_a_draft_with_another_tokenizer_projects_by_characters(tokenizer, texts):
+    from specprefill_sdk.errors import ModelLoadError
+    from specprefill_sdk.models import load_model
+
+    try:
+        gemma = load_model("gemma3-270m", device="cpu", dtype="float32", progress=False)
+    except ModelLoadError as exc:  # the model packages are optional (and large)
+        pytest.skip(f"gemma3-270m is not available: {exc}")
+    assert gemma.tokenizer.get_vocab() != tokenizer.get_vocab()
+    prompt = build_prompt(tokenizer, texts[1])  # SmolLM2's tokens
+    own = build_prompt(gemma.tokenizer, texts[1])  # the same text in Gemma's tokens
+    plain = DraftAttentionScorer(gemma)
+    own_scores = plain.score(own)
+    assert own_scores.info["projected"] is False
+    expected = project_scores(own_scores.values, own.offsets, prompt.offsets)
+    for scorer in (DraftAttentionScorer(gemma, target_tokenizer=tokenizer), plain):
+        scores = scorer.score(prompt)
+        assert scores.info["projected"] is True and len(scores) == prompt.n
+        assert scores.info["draft_tokens"] == own.n
+        assert_matches(scores.values, expected)
+
+
+def test_self_information_matches_a_direct_computation(smollm_fp32, texts):
+    prompt = build_prompt(smollm_fp32.tokenizer, texts[1])
+    scores = SelfInformationScorer(smollm_fp32, chunk_size=37).score(prompt)  # chunks cut the prompt
+    ids = prompt.ids_tensor()[None]
+    with torch.inference_mode():
+        logp = torch.log_softmax(smollm_fp32.model(ids).logits[0].float(), dim=-1)
+    expected = -logp[:-1].gather(1, ids[0, 1:, None])[:, 0]
+    torch.testing.assert_close(scores.values[1:], expected, rtol=1e-4, atol=1e-4)
+    assert float(scores.values[0]) == float(scores.values[1:].max())
+    assert scores.scorer == "self-information" and scores.info["projected"] is False
+
+
+def test_self_information_finds_repeated_text_predictable(smollm):
+    sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank at dawn."
+    prompt = build_prompt(smollm.tokenizer, sentence + " " + sentence)
+    values = SelfInformationScorer(smollm).score_batch([prompt])[0].values
+    half = prompt.n // 2
+    assert float(values[half + 2 :].mean()) < 0.5 * float(values[1:half].mean())
