@@ -17,8 +17,8 @@ from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
-from specprefill_langchain import ChatSpecPrefill, SpecPrefillDocumentCompressor
 
+from specprefill_langchain import ChatSpecPrefill, SpecPrefillDocumentCompressor
 from specprefill_sdk.eval.corpora import haystack
 
 QUESTION = "What is the secret code of the orange lighthouse?"

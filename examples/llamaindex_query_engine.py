@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 
 from llama_index.core import Document, SimpleKeywordTableIndex
-from specprefill_llamaindex import SpecPrefillLLM, SpecPrefillNodePostprocessor
 
+from specprefill_llamaindex import SpecPrefillLLM, SpecPrefillNodePostprocessor
 from specprefill_sdk.eval.corpora import haystack
 
 QUESTION = "What is the secret code of the orange lighthouse?"

@@ -12,12 +12,12 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.vectorstores import InMemoryVectorStore
+
 from specprefill_langchain import (
     ChatSpecPrefill,
     SpecPrefillDocumentCompressor,
     SpecPrefillMessageCompressor,
 )
-
 from specprefill_sdk.errors import InvalidRequestError
 
 QUESTION = "Where is the Louvre and what does it hold?"
@@ -184,6 +184,7 @@ def test_message_compressor_shortens_user_turns_before_any_model(paper_pipeline,
 async def test_agent_middleware_shortens_every_model_call(paper_pipeline, dense_pipeline, essay) -> None:
     from langchain.agents import create_agent
     from langchain.agents.middleware import wrap_model_call
+
     from specprefill_langchain import SpecPrefillMiddleware
 
     seen: list[list[str]] = []

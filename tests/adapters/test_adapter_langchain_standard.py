@@ -11,6 +11,7 @@ pytest.importorskip("langchain_tests")
 from adapter_helpers import MODEL_SETTINGS
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
+
 from specprefill_langchain import ChatSpecPrefill
 
 #: The adaptive policy prefills these short test prompts whole (no draft run), which keeps the suite

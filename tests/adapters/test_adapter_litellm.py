@@ -16,6 +16,7 @@ import litellm
 from adapter_helpers import GAP, assert_pieces_of
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.utils import CallTypes
+
 from specprefill_litellm import SpecPrefillCallback
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*ReadOnly.*:UserWarning")  # litellm's own typed dicts

@@ -15,8 +15,8 @@ from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
 from llama_index.core.schema import TextNode
 from pydantic import Field
-from specprefill_llamaindex import SpecPrefillLLM, SpecPrefillNodePostprocessor
 
+from specprefill_llamaindex import SpecPrefillLLM, SpecPrefillNodePostprocessor
 from specprefill_sdk.errors import InvalidRequestError
 
 QUESTION = "Where is the Louvre and what does it hold?"
