@@ -16,6 +16,8 @@ EXTRAS := dev,all
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export NO_MKDOCS_2_WARNING := 1
+SHELL := /bin/bash
 
 .PHONY: install demo test lint docs bench-models clean
 
@@ -40,7 +42,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet --site-dir site
+	$(BIN)/mkdocs build --strict --site-dir site 2>&1 | grep -v "^INFO" ; test $${PIPESTATUS[0]} -eq 0
 
 test: $(STAMP) lint docs
 	$(BIN)/pytest -q
