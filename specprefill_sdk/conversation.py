@@ -225,10 +225,13 @@ class Conversation:
     ) -> Generator[CompletionChunk, None, None]:
         """Like `send`, yielding text deltas; the last chunk carries the `Completion`.
 
-        Closing the iterator early keeps the partial answer in the history.
+        Closing the iterator early keeps the partial answer in the history. Errors in the request
+        (an empty message, a history that does not fit) are raised here, before the first chunk. A
+        conversation answers one message at a time: the next one waits until this stream ends or is closed.
         """
         msg = self._message(message)
         sp = self._params(params, sampling)
+        self._build([*self._messages, msg], sp)  # raise context errors now rather than at the first chunk
         return self._turn(msg, sp)
 
     async def asend(
