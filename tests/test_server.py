@@ -250,7 +250,7 @@ BAD_INPUTS: list[tuple[str, str, str, Any, dict[str, str] | None, int]] = [
     ("negative chunk size", "POST", CHAT, _sp_body(chunk_size=-3), None, 422),
     ("negative min_prompt_tokens", "POST", CHAT, _sp_body(min_prompt_tokens=-1), None, 422),
     ("keep rate and token budget", "POST", CHAT, _sp_body(keep_rate=0.2, token_budget=10), None, 400),
-    ("conversation sessions", "POST", CHAT, _sp_body(conversation_id="c-1"), None, 400),
+    ("unknown conversation id", "POST", CHAT, _sp_body(conversation_id="c-1"), None, 404),
     ("ids without positions", "POST", COMP, {"specprefill": {"prompt_token_ids": [1, 2]}}, None, 422),
     ("ids and positions differ in length", "POST", COMP, _pre([1, 2, 3], [0, 5]), None, 400),
     ("positions not increasing", "POST", COMP, _pre([1, 2, 3], [0, 7, 7]), None, 400),

@@ -141,6 +141,8 @@ OPERATIONS = [
     ("POST", "/v1/tokenize"),
     ("GET", "/v1/models"),
     ("GET", "/v1/models/{model_id}"),
+    ("GET", "/v1/conversations/{conversation_id}"),
+    ("DELETE", "/v1/conversations/{conversation_id}"),
     ("GET", "/health"),
 ]
 

@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["create_app"]
+__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_STRATEGY", "DEFAULT_SESSION_TTL", "create_app"]
+
+#: Seconds a conversation kept on the server may stay idle before it expires (``--session-ttl``).
+DEFAULT_SESSION_TTL = 600.0
+#: Conversations kept on the server at once (``--max-sessions``); one more evicts the least recently used.
+DEFAULT_MAX_SESSIONS = 32
+#: The strategy of a conversation whose first request names none (``--session-strategy``).
+DEFAULT_SESSION_STRATEGY = "incremental"
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server: `create_app` builds the FastAPI application.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/tokenize``,
-``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``, ``GET /health``.
+``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``,
+``GET``/``DELETE /v1/conversations/{id}`` (conversations kept on the server), ``GET /health``.
 
 Example::
 
@@ -13,11 +14,13 @@ Example::
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -28,17 +31,25 @@ from fastapi.security import HTTPBearer
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
+from ..conversation import STRATEGIES
 from ..errors import SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
 from ..types import Completion, Prompt
-from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import GuardMiddleware
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
     CompletionRequest,
+    ConversationCapability,
+    ConversationDeleted,
+    ConversationMessage,
+    ConversationObject,
+    ConversationTurn,
+    ConversationUsage,
     ErrorResponse,
     HealthResponse,
     ModelCard,
@@ -51,6 +62,7 @@ from .schemas import (
     TokenizeResponse,
     UsageInfo,
 )
+from .sessions import key_owner, new_conversation_id
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
 
@@ -64,10 +76,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (400, "Invalid request (malformed JSON, unknown policy, ids or positions out of range)"),
         (401, "Missing or wrong API key"),
-        (404, "Unknown model"),
+        (404, "Unknown model or conversation"),
+        (409, "The conversation is answering another request, or already exists"),
         (413, "Body or prompt too large"),
         (422, "The body does not match the schema"),
-        (429, "The queue is full; see Retry-After"),
+        (429, "The queue is full, or every stored conversation is in use; see Retry-After"),
     )
 }
 _STREAM_DOC: dict[int | str, dict[str, Any]] = {
@@ -85,7 +98,7 @@ def create_app(
     policy: str = "paper",
     backend: Backend | None = None,
     scorer: Scorer | None = None,
-    api_key: str | None = None,
+    api_key: str | Sequence[str] | None = None,
     max_prompt_tokens: int | None = None,
     max_output_tokens: int | None = None,
     max_concurrency: int = 1,
@@ -97,6 +110,9 @@ def create_app(
     dtype: str = "auto",
     tracer_provider: Any = None,
     meter_provider: Any = None,
+    session_ttl: float = DEFAULT_SESSION_TTL,
+    max_sessions: int = DEFAULT_MAX_SESSIONS,
+    default_strategy: str = DEFAULT_SESSION_STRATEGY,
 ) -> FastAPI:
     """Build the server application around one loaded target and one draft scorer.
 
@@ -106,12 +122,17 @@ def create_app(
         policy: the default policy preset; requests may pick another with ``specprefill.policy``.
         backend: an already built backend (e.g. a `TransformersBackend`) instead of loading ``model``.
         scorer: an already built draft scorer instead of the policy's.
-        api_key: when set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``.
+        api_key: when set (one key or several), every ``/v1`` route needs ``Authorization: Bearer <key>``;
+            each key sees only the conversations started with it.
         max_prompt_tokens: longer prompts get 413.
         max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
         max_concurrency: requests doing model work at once (worker threads).
         max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
         max_body_bytes: larger request bodies get 413.
+        session_ttl: seconds a conversation kept on the server may stay idle before it expires.
+        max_sessions: conversations kept at once (the least recently used idle one is evicted for a
+            new one; 0: conversations are not served).
+        default_strategy: the strategy of a conversation whose first request names none.
 
     Raises:
         ModelLoadError: the model or draft cannot be loaded.
@@ -135,12 +156,23 @@ def create_app(
         default_max_tokens=default_max_tokens,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
+        conversation_ttl_s=session_ttl,
+        max_conversations=max_sessions,
+        default_strategy=default_strategy,
     )
+    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+    keys = [k for k in keys if k]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
-        engine.shutdown()
+        sweeper = asyncio.create_task(_sweep_conversations(engine))
+        try:
+            yield
+        finally:
+            sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sweeper
+            engine.shutdown()
 
     app = FastAPI(
         title="specprefill-sdk server",
@@ -151,11 +183,11 @@ def create_app(
     )
     app.state.engine = engine
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, max_body_bytes=max_body_bytes, api_key=api_key)
+    app.add_middleware(GuardMiddleware, max_body_bytes=max_body_bytes, api_key=keys or None)
     # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
-    security = [Depends(HTTPBearer(auto_error=False))] if api_key else []
+    security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
-    _add_routes(router, engine)
+    _add_routes(router, engine, keyed=bool(keys))
     app.include_router(router)
 
     @app.get("/health", response_model=HealthResponse, tags=["server"])
@@ -171,9 +203,18 @@ def create_app(
             max_concurrency=stats.max_concurrency,
             max_queue=stats.max_queue,
             cancelled_streams=engine.cancelled_streams,
+            conversations=len(engine.conversations),
         )
 
     return app
+
+
+async def _sweep_conversations(engine: ServingEngine) -> None:
+    """Drop expired conversations now and then, so an idle server frees their caches too."""
+    interval = min(30.0, max(0.5, engine.conversations.ttl_s / 2))
+    while True:
+        await asyncio.sleep(interval)
+        engine.conversations.sweep()
 
 
 def _default_scorer(backend: Backend, model: str, draft: str | None, policy: str, device: str, dtype: str) -> Scorer:
@@ -184,7 +225,14 @@ def _default_scorer(backend: Backend, model: str, draft: str | None, policy: str
 
 
 # ----------------------------------------------------------------------------- routes
-def _add_routes(router: APIRouter, engine: ServingEngine) -> None:
+def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> None:
+    def owner(request: Request) -> str:
+        # GuardMiddleware has checked the key; without configured keys every caller shares one space.
+        if not keyed:
+            return ""
+        _, _, token = request.headers.get("authorization", "").partition(" ")
+        return key_owner(token.strip())
+
     @router.get("/models", response_model=ModelList, tags=["models"])
     async def list_models() -> ModelList:
         """The served model, with the ``specprefill`` capability object."""
@@ -203,7 +251,10 @@ def _add_routes(router: APIRouter, engine: ServingEngine) -> None:
         messages = None
         if body.messages is not None:
             messages = [{"role": m.role, "content": _content(m.content)} for m in body.messages]
-        return await _serve(engine, request, body, messages, "chat", body.max_tokens or body.max_completion_tokens)
+        max_tokens = body.max_tokens or body.max_completion_tokens
+        if body.specprefill is not None and body.specprefill.conversational:
+            return await _serve_turn(engine, request, body, messages, max_tokens, owner(request))
+        return await _serve(engine, request, body, messages, "chat", max_tokens)
 
     @router.post("/completions", response_model=TextCompletion, responses=_STREAM_DOC, tags=["completions"])
     async def completions(body: CompletionRequest, request: Request) -> Response:
@@ -240,6 +291,31 @@ def _add_routes(router: APIRouter, engine: ServingEngine) -> None:
             tokens=list(prompt.token_ids), count=prompt.n, max_model_len=engine.max_context, model=engine.served_model
         )
 
+    @router.get("/conversations/{conversation_id}", response_model=ConversationObject, tags=["conversations"])
+    async def get_conversation(conversation_id: str, request: Request) -> ConversationObject:
+        """A stored conversation: its messages and what each turn prefilled (does not extend its TTL)."""
+        entry = engine.conversations.peek(owner(request), conversation_id)
+        conversation = entry.conversation
+        assert conversation is not None
+        return ConversationObject(
+            id=entry.id,
+            created=int(entry.created),
+            last_used=int(entry.last_used),
+            expires_in=round(engine.conversations.expires_in(entry), 3),
+            strategy=conversation.strategy,
+            messages=[ConversationMessage(role=m.role, content=m.content) for m in conversation.history],
+            turns=[
+                ConversationTurn(**{k: v for k, v in t.as_dict().items() if k in ConversationTurn.model_fields})
+                for t in conversation.turns
+            ],
+        )
+
+    @router.delete("/conversations/{conversation_id}", response_model=ConversationDeleted, tags=["conversations"])
+    async def delete_conversation(conversation_id: str, request: Request) -> ConversationDeleted:
+        """End a stored conversation now and free its caches (409 while it answers a request)."""
+        engine.conversations.delete(owner(request), conversation_id)
+        return ConversationDeleted(id=conversation_id)
+
 
 def _model_card(engine: ServingEngine) -> ModelCard:
     return ModelCard(
@@ -255,6 +331,14 @@ def _model_card(engine: ServingEngine) -> ModelCard:
             max_context=engine.max_context,
             vocab_size=engine.vocab_size,
             options=sorted(SpecPrefillOptions.model_fields),
+            conversations=ConversationCapability(
+                strategies=list(STRATEGIES),
+                default_strategy=engine.default_strategy,
+                ttl_s=engine.conversations.ttl_s,
+                max_conversations=engine.conversations.max_conversations,
+            )
+            if engine.conversations.enabled
+            else None,
         ),
     )
 
@@ -333,9 +417,72 @@ async def _serve(
     )
 
 
+async def _serve_turn(
+    engine: ServingEngine,
+    request: Request,
+    body: ChatCompletionRequest,
+    messages: list[dict[str, Any]] | None,
+    max_tokens: int | None,
+    owner: str,
+) -> Response:
+    """A turn of a conversation kept on the server: start it, or continue it with the new message."""
+    options = body.specprefill
+    assert options is not None
+    store = engine.conversations
+    if not store.enabled:
+        raise _invalid("this server keeps no conversations (--max-sessions 0)", "specprefill.conversation_id")
+    if not options.conversation_start and options.conversation_id is None:
+        raise _invalid(
+            "give specprefill.conversation_id to continue a conversation, or conversation_start to begin one",
+            "specprefill.conversation_id",
+        )
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    sampling = {
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stop": tuple(stops),
+        "seed": body.seed,
+    }
+    ctx = RequestContext(request.headers)
+    # Claimed on the event loop, before any await: a second request for it sees it busy (409).
+    if options.conversation_start:
+        entry = store.reserve(owner, options.conversation_id or new_conversation_id())
+    else:
+        assert options.conversation_id is not None
+        entry = store.claim(owner, options.conversation_id)
+    headers = {"X-Conversation-Id": entry.id}
+    handle: StreamHandle | None = None
+    try:
+        ticket = await engine.admission.acquire()
+        try:
+            turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
+            if not body.stream:
+                completion = await engine.call(ctx, engine.run_turn, turn)
+                payload = _response("chat", engine.served_model, completion, options.return_token_ids, turn)
+                return JSONResponse(payload, headers=headers)
+            iterator = await engine.call(ctx, engine.open_turn_stream, turn)
+            handle = StreamHandle(engine, ctx, iterator, ticket, on_close=lambda: store.release(entry))
+        finally:
+            if handle is None:
+                engine.admission.release(ticket)
+    finally:
+        if handle is None:
+            store.release(entry)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    events = _events(handle, "chat", engine.served_model, include_usage, options.return_token_ids, turn)
+    return _ClosingStreamingResponse(
+        events,
+        handle.aclose,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers},
+    )
+
+
 # ----------------------------------------------------------------------------- response shapes
-def _usage(completion: Completion) -> UsageInfo:
+def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
     usage = completion.usage
+    conversation: ConversationUsage | None = ServingEngine.turn_usage(turn) if turn is not None else None
     return UsageInfo(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
@@ -346,14 +493,17 @@ def _usage(completion: Completion) -> UsageInfo:
             score_ms=completion.timings.score,
             prefill_ms=completion.timings.prefill,
             fallback=completion.fallback,
+            conversation=conversation,
         ),
     )
 
 
-def _response(kind: str, model: str, completion: Completion, return_ids: bool) -> dict[str, Any]:
+def _response(
+    kind: str, model: str, completion: Completion, return_ids: bool, turn: Turn | None = None
+) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
-    usage = _usage(completion).model_dump()
+    usage = _usage(completion, turn).model_dump()
     if kind == "chat":
         choice: dict[str, Any] = {
             "index": 0,
@@ -383,7 +533,7 @@ def _sse(payload: dict[str, Any]) -> str:
 
 
 async def _events(
-    handle: StreamHandle, kind: str, model: str, include_usage: bool, return_ids: bool
+    handle: StreamHandle, kind: str, model: str, include_usage: bool, return_ids: bool, turn: Turn | None = None
 ) -> AsyncGenerator[str, None]:
     """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE]."""
     created = int(time.time())
@@ -425,7 +575,7 @@ async def _events(
                 completion = piece.completion
                 yield chunk(None if kind == "chat" else "", piece.finish_reason)
         if include_usage and completion is not None:
-            yield _sse({**base, "choices": [], "usage": _usage(completion).model_dump()})
+            yield _sse({**base, "choices": [], "usage": _usage(completion, turn).model_dump()})
         yield "data: [DONE]\n\n"
     except SpecPrefillError as exc:
         yield _sse(exc.to_openai())

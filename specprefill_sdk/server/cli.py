@@ -13,7 +13,9 @@ import logging
 import os
 from typing import Any
 
-__all__ = ["API_KEY_ENV", "add_arguments", "main"]
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+
+__all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +43,23 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} must be a finite number > 0")
+    return value
+
+
+def api_keys(given: list[str] | None, env: str | None) -> list[str]:
+    """The server's API keys: the ``--api-key`` values, else the comma-separated environment variable."""
+    if given:
+        return [k for k in given if k]
+    return [k.strip() for k in (env or "").split(",") if k.strip()]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` options to ``parser``."""
     parser.add_argument("--model", default="smollm2-135m", help="target model spec (default: smollm2-135m)")
@@ -49,7 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
     parser.add_argument("--port", type=_non_negative, default=8000, help="port to bind (default: 8000)")
     parser.add_argument(
-        "--api-key", default=None, help=f"require 'Authorization: Bearer KEY' on /v1 routes (default: ${API_KEY_ENV})"
+        "--api-key",
+        action="append",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on /v1 routes; repeat for several keys, each with its own "
+        f"conversations (default: ${API_KEY_ENV}, comma-separated)",
     )
     parser.add_argument(
         "--max-prompt-tokens",
@@ -71,6 +94,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-body-bytes", type=_positive, default=None, help="refuse larger request bodies with 413 (default: 4 MiB)"
+    )
+    parser.add_argument(
+        "--session-ttl",
+        type=_positive_float,
+        default=DEFAULT_SESSION_TTL,
+        help="seconds a conversation kept on the server may stay idle before it expires "
+        f"(default: {DEFAULT_SESSION_TTL:g})",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=_non_negative,
+        default=DEFAULT_MAX_SESSIONS,
+        help="conversations kept on the server at once; a new one evicts the least recently used idle one; "
+        f"0 serves none (default: {DEFAULT_MAX_SESSIONS})",
+    )
+    parser.add_argument(
+        "--session-strategy",
+        default=DEFAULT_SESSION_STRATEGY,
+        help="strategy of a conversation whose first request names none: recompute, incremental or refresh "
+        f"(default: {DEFAULT_SESSION_STRATEGY})",
     )
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
@@ -112,18 +155,22 @@ def main(args: argparse.Namespace) -> int:
     """Load the models, build the app and serve until interrupted; returns the exit status."""
     import uvicorn
 
+    from ..conversation import STRATEGIES
     from .app import DEFAULT_MAX_BODY_BYTES, create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.session_strategy not in STRATEGIES:
+        logger.error("--session-strategy must be one of %s, not %r", ", ".join(STRATEGIES), args.session_strategy)
+        return 2
     tracer_provider, meter_provider = _configure_telemetry(args.otel)
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    if api_key is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+    keys = api_keys(args.api_key, os.environ.get(API_KEY_ENV))
+    if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
         logger.warning("serving on %s without an API key: anyone who reaches this address can use it", args.host)
     app = create_app(
         args.model,
         draft=args.draft,
         policy=args.policy,
-        api_key=api_key,
+        api_key=keys or None,
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_concurrency=args.max_concurrency,
@@ -134,6 +181,9 @@ def main(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         tracer_provider=tracer_provider,
         meter_provider=meter_provider,
+        session_ttl=args.session_ttl,
+        max_sessions=args.max_sessions,
+        default_strategy=args.session_strategy,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

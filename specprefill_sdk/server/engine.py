@@ -4,6 +4,8 @@
 building, scoring, prefill, decoding) runs on a small thread pool of ``max_concurrency`` workers,
 behind the bounded `Admission` queue. A request's ``specprefill`` options pick a policy preset and
 override its fields; the pipelines built from them are cached and share the loaded models.
+Conversations kept on the server (``specprefill.conversation_id``) live in its `ConversationStore`;
+their turns run on the same workers, behind the same queue.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import itertools
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -22,16 +24,34 @@ from typing import Any, TypeVar, cast
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
+from ..conversation import STRATEGIES, Conversation
 from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError
 from ..interfaces import Backend, Scorer, Selector
 from ..pipeline import Pipeline
 from ..prompt import PromptInput
-from ..types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
+from ..types import (
+    Completion,
+    CompletionChunk,
+    CompressedPrompt,
+    Message,
+    Prompt,
+    SamplingParams,
+    Selection,
+    TokenScores,
+)
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
 from .errors import RequestTooLargeError
 from .limits import Admission, Ticket
-from .schemas import SpecPrefillOptions
+from .schemas import ConversationUsage, SpecPrefillOptions
+from .sessions import ConversationStore, StoredConversation
 
-__all__ = ["DEFAULT_MAX_TOKENS", "RequestContext", "ServingEngine", "StreamHandle"]
+__all__ = [
+    "DEFAULT_MAX_TOKENS",
+    "RequestContext",
+    "ServingEngine",
+    "StreamHandle",
+    "Turn",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -113,12 +133,18 @@ class StreamHandle:
     """A running stream: steps and closes a synchronous chunk iterator on the engine's workers."""
 
     def __init__(
-        self, engine: ServingEngine, ctx: RequestContext, iterator: Iterator[CompletionChunk], ticket: Ticket
+        self,
+        engine: ServingEngine,
+        ctx: RequestContext,
+        iterator: Iterator[CompletionChunk],
+        ticket: Ticket,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self._engine = engine
         self._ctx = ctx
         self._iterator = iterator
         self._ticket = ticket
+        self._on_close = on_close
         self._closed = False
         self._finished = False
 
@@ -149,6 +175,8 @@ class StreamHandle:
             logger.exception("closing a stream failed")
         finally:
             self._engine.admission.release(self._ticket)
+            if self._on_close is not None:
+                self._on_close()
 
 
 @dataclass(frozen=True)
@@ -159,6 +187,36 @@ class Prepared:
     prompt: Prompt | None
     compressed: CompressedPrompt | None
     params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A conversation turn ready to run: the stored conversation, the new message, the sampling."""
+
+    entry: StoredConversation
+    conversation: Conversation
+    message: Message
+    params: SamplingParams
+
+
+class _Primed:
+    """A chunk iterator whose first chunk was already computed (so set-up errors surface before streaming)."""
+
+    def __init__(self, first: CompletionChunk, rest: Generator[CompletionChunk, None, None]) -> None:
+        self._first: CompletionChunk | None = first
+        self._rest = rest
+
+    def __iter__(self) -> _Primed:
+        return self
+
+    def __next__(self) -> CompletionChunk:
+        if self._first is not None:
+            first, self._first = self._first, None
+            return first
+        return next(self._rest)
+
+    def close(self) -> None:
+        self._rest.close()
 
 
 class ServingEngine:
@@ -186,7 +244,14 @@ class ServingEngine:
         default_max_tokens: int = DEFAULT_MAX_TOKENS,
         tracer_provider: Any = None,
         meter_provider: Any = None,
+        conversation_ttl_s: float = DEFAULT_SESSION_TTL,
+        max_conversations: int = DEFAULT_MAX_SESSIONS,
+        default_strategy: str = DEFAULT_SESSION_STRATEGY,
     ) -> None:
+        if default_strategy not in STRATEGIES:
+            raise InvalidRequestError(
+                f"unknown conversation strategy {default_strategy!r}; use one of {', '.join(STRATEGIES)}"
+            )
         self.backend = backend
         self.default_policy = policy
         self.served_model = served_model or backend.model_name
@@ -207,6 +272,9 @@ class ServingEngine:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
         self.vocab_size = len(backend.tokenizer)
         self.max_context = int(backend.max_context)
+        #: Conversations kept on the server (``specprefill.conversation_id``).
+        self.conversations = ConversationStore(conversation_ttl_s, max_conversations)
+        self.default_strategy = default_strategy
 
     # ------------------------------------------------------------------ facts
     @property
@@ -318,8 +386,11 @@ class ServingEngine:
             InvalidRequestError, PolicyError, ContextTooLongError: 400.
             RequestTooLargeError: the prompt exceeds ``max_prompt_tokens`` (413).
         """
-        if options is not None and options.conversation_id is not None:
-            self._conversation(options.conversation_id)
+        if options is not None and options.conversational:
+            raise InvalidRequestError(
+                "conversations kept on the server are served on POST /v1/chat/completions only",
+                param="specprefill.conversation_id",
+            )
         if options is not None and options.precompressed:
             if prompt_input is not None:
                 raise InvalidRequestError(
@@ -337,14 +408,6 @@ class ServingEngine:
         self._check_prompt_length(prompt.n)
         return Prepared(pipeline, prompt, None, self._sampling(sampling, prompt.n))
 
-    def _conversation(self, conversation_id: str) -> None:
-        # The place where server-side conversations (KV reuse across turns) will be looked up.
-        raise InvalidRequestError(
-            "server-side conversations are not available on this server",
-            param="specprefill.conversation_id",
-            code="unsupported",
-        )
-
     def _check_prompt_length(self, n: int) -> None:
         if self.max_prompt_tokens is not None and n > self.max_prompt_tokens:
             raise RequestTooLargeError(
@@ -357,7 +420,7 @@ class ServingEngine:
                 f"the prompt has {n} tokens; the model's context is {self.max_context}", param="messages"
             )
 
-    def _sampling(self, sampling: dict[str, Any], n: int) -> SamplingParams:
+    def _sampling(self, sampling: dict[str, Any], n: int, context: int | None = None) -> SamplingParams:
         values = {k: v for k, v in sampling.items() if v is not None}
         # A vanishing temperature or top_p leaves only the most likely token: decode greedily, as
         # dividing logits by ~0 (or cutting the distribution to nothing) has no defined sample.
@@ -365,18 +428,19 @@ class ServingEngine:
             values["temperature"] = 0.0
             values.pop("top_p", None)
         limit = self.max_output_tokens
+        context = self.max_context if context is None else context
         if "max_tokens" not in values:
             default = self.default_max_tokens if limit is None else min(self.default_max_tokens, limit)
-            values["max_tokens"] = max(1, min(default, self.max_context - n))
+            values["max_tokens"] = max(1, min(default, context - n))
         elif limit is not None and values["max_tokens"] > limit:
             raise InvalidRequestError(
                 f"max_tokens is {values['max_tokens']}; this server generates at most {limit} tokens per request",
                 param="max_tokens",
             )
-        if n + values["max_tokens"] > self.max_context:
+        if n + values["max_tokens"] > context:
             raise ContextTooLongError(
                 f"the prompt has {n} tokens and asks for {values['max_tokens']} more: that exceeds the "
-                f"model's context of {self.max_context} tokens",
+                f"model's context of {context} tokens",
                 param="max_tokens",
             )
         return SamplingParams(**values)
@@ -426,6 +490,172 @@ class ServingEngine:
             return self.backend.stream(prepared.compressed, prepared.params)
         assert prepared.pipeline is not None and prepared.prompt is not None
         return prepared.pipeline.stream(prepared.prompt, prepared.params)
+
+    # ------------------------------------------------------------------ conversations
+    def conversation_pipeline(self, options: SpecPrefillOptions | None) -> Pipeline:
+        """The pipeline a new conversation runs on: the request's policy, with the draft scorer unwrapped.
+
+        A conversation keeps the draft's cache between turns (`DraftSession`), which needs the
+        scorer itself. The scoring hook is per thread, so its draft model may score while another
+        worker scores a stateless request.
+        """
+        if options is not None and not options.enabled:
+            key: tuple[Any, ...] = ("conversation", "dense")
+            return self._cached(key, lambda: self._bare_pipeline(self._scorer_or_dense(), _DenseSelector()))
+        name = (options.policy if options is not None else None) or self.default_policy
+        if name not in self._policy_names:
+            raise PolicyError(
+                f"unknown policy {name!r}; choose one of {', '.join(self._policy_names) or '(none installed)'}",
+                param="specprefill.policy",
+            )
+        overrides = options.overrides() if options is not None else {}
+        key = ("conversation", name, tuple(sorted(overrides.items())))
+
+        def build() -> Pipeline:
+            from ..policies import load_policy
+
+            policy = load_policy(name)
+            if overrides:
+                policy = policy.with_overrides(**overrides)
+            return self._bare_pipeline(self._scorer_for(policy), policy.build_selector())
+
+        return self._cached(key, build)
+
+    def _bare_pipeline(self, scorer: Scorer, selector: Selector) -> Pipeline:
+        return Pipeline(scorer, selector, self.backend, **self._telemetry)
+
+    def begin_turn(
+        self,
+        entry: StoredConversation,
+        options: SpecPrefillOptions,
+        messages: Sequence[Mapping[str, Any]] | None,
+        sampling: dict[str, Any],
+    ) -> Turn:
+        """Check a conversation turn and resolve it (in a worker thread); starts the conversation if new.
+
+        Raises:
+            InvalidRequestError, PolicyError, ContextTooLongError: 400.
+            RequestTooLargeError: the whole conversation exceeds ``max_prompt_tokens`` (413).
+        """
+        if options.precompressed:
+            raise InvalidRequestError(
+                "a conversation takes messages, not specprefill.prompt_token_ids", param="specprefill.prompt_token_ids"
+            )
+        if not messages:
+            raise InvalidRequestError("the request has no messages", param="messages")
+        given = [Message.coerce(m) for m in messages]
+        conversation = entry.conversation
+        if conversation is None:
+            strategy = options.conversation_strategy or self.default_strategy
+            conversation = Conversation(
+                self.conversation_pipeline(options), strategy, history=given[:-1], conversation_id=entry.id
+            )
+            message = given[-1]
+        else:
+            self._check_continuation(conversation, options)
+            message = _new_message(conversation.history, given)
+        if message.role != "user":
+            raise InvalidRequestError(
+                f"the new message of a conversation must have role 'user', not {message.role!r}", param="messages"
+            )
+        if not message.content.strip():
+            raise InvalidRequestError("the new message is empty", param="messages")
+        prompt = conversation.pipeline.prompt([*conversation.history, message])
+        if self.max_prompt_tokens is not None and prompt.n > self.max_prompt_tokens:
+            raise RequestTooLargeError(
+                f"the conversation has {prompt.n} tokens with the new message; this server accepts at most "
+                f"{self.max_prompt_tokens}: start a new conversation with fewer messages",
+                param="messages",
+                code="prompt_too_long",
+            )
+        context = conversation.max_context
+        if prompt.n >= context:
+            raise ContextTooLongError(
+                f"the conversation has {prompt.n} tokens with the new message; its context is {context}: start a "
+                "new conversation with fewer messages",
+                param="messages",
+            )
+        params = self._sampling(sampling, prompt.n, context)
+        entry.conversation = conversation
+        return Turn(entry, conversation, message, params)
+
+    @staticmethod
+    def _check_continuation(conversation: Conversation, options: SpecPrefillOptions) -> None:
+        strategy = options.conversation_strategy
+        if strategy is not None and strategy != conversation.strategy:
+            raise InvalidRequestError(
+                f"conversation {conversation.id!r} uses strategy {conversation.strategy!r}; a strategy is set "
+                "when a conversation starts",
+                param="specprefill.conversation_strategy",
+            )
+        fixed = sorted(options.model_fields_set - _PER_TURN_OPTIONS)
+        if fixed:
+            raise InvalidRequestError(
+                f"specprefill.{fixed[0]} is set when a conversation starts; a later turn may only send "
+                "conversation_id and return_token_ids",
+                param=f"specprefill.{fixed[0]}",
+            )
+
+    def run_turn(self, turn: Turn) -> Completion:
+        """Answer a conversation turn (in a worker thread)."""
+        final: Completion | None = None
+        for chunk in self._turn_chunks(turn):
+            if chunk.completion is not None:
+                final = chunk.completion
+        assert final is not None
+        return final
+
+    def open_turn_stream(self, turn: Turn) -> Iterator[CompletionChunk]:
+        """Start streaming a conversation turn (in a worker thread): the prefill runs before this returns."""
+        chunks = self._turn_chunks(turn)
+        first = next(chunks)
+        return _Primed(first, chunks)
+
+    @staticmethod
+    def _turn_chunks(turn: Turn) -> Generator[CompletionChunk, None, None]:
+        try:
+            yield from turn.conversation.stream(turn.message, turn.params)
+        except GeneratorExit:
+            raise
+        except BaseException as exc:
+            # The caches may be half-updated: the store drops the conversation when the request ends.
+            turn.entry.failed = f"{type(exc).__name__}: {exc}"
+            raise
+
+    @staticmethod
+    def turn_usage(turn: Turn) -> ConversationUsage:
+        """``usage.specprefill.conversation`` for a finished turn."""
+        conversation = turn.conversation
+        stats = conversation.turns[-1]
+        return ConversationUsage(
+            id=conversation.id,
+            strategy=conversation.strategy,
+            turn=stats.turn,
+            messages=len(conversation.history),
+            prefilled_tokens=stats.prefilled_tokens,
+            reused_tokens=stats.reused_tokens,
+            evicted_tokens=stats.evicted_tokens,
+            draft_tokens=stats.draft_tokens,
+        )
+
+
+#: The ``specprefill`` fields a conversation's later turns may send.
+_PER_TURN_OPTIONS = frozenset({"conversation_id", "conversation_strategy", "conversation_start", "return_token_ids"})
+
+
+def _new_message(history: tuple[Message, ...], given: list[Message]) -> Message:
+    """The new turn of a continued conversation: ``given`` is it alone, or the whole history then it."""
+    k = len(history)
+    if len(given) == k + 1 and tuple(given[:k]) == history:
+        return given[-1]
+    if len(given) == 1:
+        return given[0]
+    raise InvalidRequestError(
+        f"a request that continues a conversation sends only the new user message (the server holds the "
+        f"{k} earlier ones), or the conversation's whole history followed by it; got {len(given)} messages "
+        "that are neither",
+        param="messages",
+    )
 
 
 def _available_policies() -> list[str]:

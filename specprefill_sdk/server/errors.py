@@ -9,12 +9,16 @@ code  ``error.type``                  when
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
                                       ``invalid_api_key``)
-404   ``not_found_error``             unknown route or model
+404   ``not_found_error``             unknown route or model; unknown, expired, evicted or deleted
+                                      conversation (code ``conversation_not_found``)
 405   ``invalid_request_error``       wrong HTTP method for a route
 413   ``invalid_request_error``       body larger than the server accepts, or a prompt longer than
                                       ``--max-prompt-tokens``
+409   ``invalid_request_error``       a conversation already answering a request (``conversation_busy``)
+                                      or started twice (``conversation_exists``)
 422   ``invalid_request_error``       the body does not match the schema (wrong types, out of range)
-429   ``rate_limit_error``            the queue is full; ``Retry-After`` says when to come back
+429   ``rate_limit_error``            the queue is full, or every stored conversation is in use;
+                                      ``Retry-After`` says when to come back
 ====  ==============================  =================================================================
 """
 
@@ -34,8 +38,10 @@ from ..errors import SpecPrefillError
 
 __all__ = [
     "AuthenticationError",
+    "ConflictError",
     "OverloadedError",
     "RequestTooLargeError",
+    "TooManyConversationsError",
     "error_body",
     "error_response",
     "install_error_handlers",
@@ -70,6 +76,20 @@ class OverloadedError(SpecPrefillError):
     def __init__(self, message: str, *, retry_after: int = 1) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class ConflictError(SpecPrefillError):
+    """The request conflicts with the state of a conversation (in use, or already started)."""
+
+    status_code = 409
+    error_type = "invalid_request_error"
+    code = "conflict"
+
+
+class TooManyConversationsError(OverloadedError):
+    """The server stores as many conversations as it may and every one of them is in use."""
+
+    code = "too_many_conversations"
 
 
 _HTTP_TYPES: dict[int, tuple[str, str | None]] = {

@@ -5,7 +5,7 @@ anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry
 overload costs a small JSON answer instead of memory.
 
 `GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413) and,
-with an API key configured, any ``/v1`` request without ``Authorization: Bearer <key>`` (401).
+with API keys configured, any ``/v1`` request without ``Authorization: Bearer <key>`` for one of them (401).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import hmac
 import json
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,10 +116,11 @@ class Admission:
 class GuardMiddleware:
     """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` routes."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, api_key: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, api_key: str | Sequence[str] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
-        self._key = api_key.encode() if api_key else None
+        keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
+        self._keys = [k.encode() for k in keys if k]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -126,7 +128,7 @@ class GuardMiddleware:
             return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         path: str = scope.get("path", "")
-        if self._key is not None and (path == "/v1" or path.startswith("/v1/")):
+        if self._keys and (path == "/v1" or path.startswith("/v1/")):
             problem = self._auth_problem(headers.get(b"authorization"))
             if problem is not None:
                 await _send_error(send, AuthenticationError(problem), {"WWW-Authenticate": "Bearer"})
@@ -150,13 +152,14 @@ class GuardMiddleware:
         await self.app(scope, self._limited(receive), send)
 
     def _auth_problem(self, header: bytes | None) -> str | None:
-        assert self._key is not None
         if not header:
             return "this server needs an API key: send 'Authorization: Bearer <key>'"
         scheme, _, token = header.partition(b" ")
         if scheme.lower() != b"bearer" or not token.strip():
             return "the Authorization header must be 'Bearer <key>'"
-        if not hmac.compare_digest(token.strip(), self._key):
+        # Compare with every key (no early exit): the time taken does not tell which one came close.
+        matches = [hmac.compare_digest(token.strip(), key) for key in self._keys]
+        if not any(matches):
             return "the API key is not valid"
         return None
 

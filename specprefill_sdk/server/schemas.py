@@ -25,6 +25,12 @@ __all__ = [
     "CompletionChoice",
     "CompletionRequest",
     "ContentPart",
+    "ConversationCapability",
+    "ConversationDeleted",
+    "ConversationMessage",
+    "ConversationObject",
+    "ConversationTurn",
+    "ConversationUsage",
     "DeltaMessage",
     "ErrorDetail",
     "ErrorResponse",
@@ -44,6 +50,9 @@ __all__ = [
 
 #: A stop string: non-empty.
 StopString = Annotated[str, Field(min_length=1)]
+
+#: Conversation ids: letters, digits and ``_ . : -`` (they appear in URLs).
+CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_.:-]+$"
 
 #: Upper bound of token lists on the wire (prompt ids, position ids): far above any context we serve.
 MAX_WIRE_TOKENS = 1 << 20
@@ -107,7 +116,18 @@ class SpecPrefillOptions(_Strict):
         None,
         min_length=1,
         max_length=200,
-        description="Reserved for server-side conversations (multi-turn KV reuse); not served yet.",
+        pattern=CONVERSATION_ID_PATTERN,
+        description="A conversation kept on the server: with conversation_start, the id to give it; "
+        "without, the conversation to continue (send only the new user message).",
+    )
+    conversation_start: bool = Field(
+        False,
+        description="Start a conversation kept on the server: messages are its whole first turn; the "
+        "answer's usage.specprefill.conversation.id names it (conversation_id, or a new id).",
+    )
+    conversation_strategy: Literal["recompute", "incremental", "refresh"] | None = Field(
+        None,
+        description="How a conversation treats tokens earlier turns dropped (set at its start; default incremental).",
     )
 
     @model_validator(mode="after")
@@ -115,6 +135,11 @@ class SpecPrefillOptions(_Strict):
         if (self.prompt_token_ids is None) != (self.position_ids is None):
             raise ValueError("prompt_token_ids and position_ids go together: give both or neither")
         return self
+
+    @property
+    def conversational(self) -> bool:
+        """Whether the request starts or continues a conversation kept on the server."""
+        return self.conversation_start or self.conversation_id is not None or self.conversation_strategy is not None
 
     @property
     def precompressed(self) -> bool:
@@ -143,14 +168,30 @@ class SpecPrefillOptions(_Strict):
         return out
 
 
+class ConversationUsage(BaseModel):
+    """What a turn of a conversation kept on the server did (``usage.specprefill.conversation``)."""
+
+    id: str = Field(description="The conversation's id: send it as specprefill.conversation_id next time.")
+    strategy: str
+    turn: int = Field(description="This turn's number (1 for the turn that started it).")
+    messages: int = Field(description="Messages in the conversation after this turn, its answer included.")
+    prefilled_tokens: int = Field(description="Prompt tokens the target prefilled in this turn.")
+    reused_tokens: int = Field(description="Kept tokens reused from the cache of earlier turns.")
+    evicted_tokens: int = Field(description="Cached tokens this turn removed.")
+    draft_tokens: int = Field(description="Tokens the draft read in this turn (0 when none were scored).")
+
+
 class SpecPrefillUsage(BaseModel):
     """What speculative prefill did for one request (``usage.specprefill``)."""
 
-    kept_tokens: int = Field(description="Prompt tokens the target prefilled.")
+    kept_tokens: int = Field(description="Prompt tokens the target prefilled (for a conversation: holds).")
     keep_ratio: float = Field(description="kept_tokens / prompt_tokens.")
     score_ms: float = Field(description="Draft scoring time in milliseconds (0 when no scoring ran).")
     prefill_ms: float = Field(description="Target prefill time in milliseconds.")
     fallback: str | None = Field(None, description="Why the request fell back to dense prefill, or null.")
+    conversation: ConversationUsage | None = Field(
+        None, description="For a conversation kept on the server: its id and what this turn did."
+    )
 
 
 class UsageInfo(BaseModel):
@@ -322,6 +363,15 @@ class TextCompletionChunk(BaseModel):
     system_fingerprint: str | None = None
 
 
+class ConversationCapability(BaseModel):
+    """How this server keeps conversations (``specprefill.conversations`` of a model card)."""
+
+    strategies: list[str]
+    default_strategy: str
+    ttl_s: float = Field(description="Seconds a conversation may stay idle before it expires.")
+    max_conversations: int = Field(description="Conversations stored at once (least recently used evicted).")
+
+
 class SpecPrefillCapability(BaseModel):
     """The ``specprefill`` object of a model card: what this server accepts."""
 
@@ -333,6 +383,9 @@ class SpecPrefillCapability(BaseModel):
     max_context: int
     vocab_size: int
     options: list[str] = Field(description="Fields of the specprefill request object.")
+    conversations: ConversationCapability | None = Field(
+        None, description="Conversations kept on the server (null: not served)."
+    )
 
 
 class ModelCard(BaseModel):
@@ -359,6 +412,47 @@ class HealthResponse(BaseModel):
     max_concurrency: int
     max_queue: int
     cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
+    conversations: int = Field(0, description="Conversations stored on the server.")
+
+
+class ConversationTurn(BaseModel):
+    """One turn of a stored conversation: what it cost and kept."""
+
+    turn: int
+    strategy: str
+    prompt_tokens: int
+    kept_tokens: int
+    prefilled_tokens: int
+    reused_tokens: int
+    evicted_tokens: int
+    draft_tokens: int
+    dropped_messages: int
+
+
+class ConversationMessage(BaseModel):
+    role: str
+    content: str
+
+
+class ConversationObject(BaseModel):
+    """``GET /v1/conversations/{id}``: a stored conversation's history and turns."""
+
+    id: str
+    object: Literal["conversation"] = "conversation"
+    created: int
+    last_used: int
+    expires_in: float = Field(description="Seconds until it expires unless a request uses it.")
+    strategy: str
+    messages: list[ConversationMessage]
+    turns: list[ConversationTurn]
+
+
+class ConversationDeleted(BaseModel):
+    """``DELETE /v1/conversations/{id}``."""
+
+    id: str
+    object: Literal["conversation.deleted"] = "conversation.deleted"
+    deleted: bool = True
 
 
 class ErrorDetail(BaseModel):
