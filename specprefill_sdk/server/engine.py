@@ -613,8 +613,14 @@ class ServingEngine:
 
     @staticmethod
     def _turn_chunks(turn: Turn) -> Generator[CompletionChunk, None, None]:
+        # Request errors are raised here, before the turn changes anything: the conversation stays.
+        chunks = turn.conversation.stream(turn.message, turn.params)
+        return ServingEngine._watched(turn, chunks)
+
+    @staticmethod
+    def _watched(turn: Turn, chunks: Generator[CompletionChunk, None, None]) -> Generator[CompletionChunk, None, None]:
         try:
-            yield from turn.conversation.stream(turn.message, turn.params)
+            yield from chunks
         except GeneratorExit:
             raise
         except BaseException as exc:
