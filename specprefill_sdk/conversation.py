@@ -333,48 +333,56 @@ class Conversation:
             t0 = time.perf_counter()
             prompt, messages, dropped = self._build([*self._messages, msg], params)
             text: list[str] = []
-            final: Completion | None = None
-            try:
-                if self.strategy == "recompute":
-                    chunks = self.pipeline.stream(prompt, params, conversation_id=self.id)
-                    for chunk in chunks:
-                        text.append(chunk.text)
-                        if chunk.completion is not None:
-                            final = chunk.completion
-                        yield chunk
-                    assert final is not None
-                    scored = final.timings.score > 0 or final.fallback is not None
-                    stats = self._stats(
-                        prompt,
-                        final.usage.kept_tokens,
-                        final.usage.kept_tokens,
-                        0,
-                        prompt.n if scored else 0,
-                        dropped,
-                        final.timings,
-                    )
-                else:
+            committed = False
+            plan: _Plan | None = None
+            chunks: Iterator[CompletionChunk]
+            if self.strategy == "recompute":
+                chunks = self.pipeline.stream(prompt, params, conversation_id=self.id)
+            else:
+                try:
                     plan = self._plan(prompt)
-                    for chunk in self._generate(prompt, plan, params, t0):
-                        text.append(chunk.text)
-                        if chunk.completion is not None:
-                            final = chunk.completion
-                        yield chunk
-                    assert final is not None and self.state is not None
-                    stats = self._stats(
-                        prompt,
-                        plan.compressed.kept,
-                        self.state.last_prefilled,
-                        plan.evicted,
-                        plan.draft_tokens,
-                        dropped,
-                        final.timings,
-                    )
-                self.turns.append(stats)
+                except Exception:
+                    self._drop_caches()
+                    raise
+                chunks = self._generate(prompt, plan, params, t0)
+            try:
+                for chunk in chunks:
+                    text.append(chunk.text)
+                    if chunk.completion is not None:
+                        # Commit before handing out the last chunk: a caller may stop reading right there.
+                        self.turns.append(self._turn_stats(prompt, plan, chunk.completion, dropped))
+                        self._messages = [*messages, Message("assistant", chunk.completion.text)]
+                        committed = True
+                    yield chunk
+            except GeneratorExit:
+                if not committed:  # the caller stopped reading: the answer so far joins the history
+                    self._messages = [*messages, Message("assistant", "".join(text))]
+                raise
+            except Exception:
+                # A failure inside a forward pass can leave the caches half-written: start them afresh.
+                # The failed turn does not join the history.
+                self._drop_caches()
+                raise
             finally:
-                # The answer so far joins the history even when the caller stopped reading early.
-                answer = final.text if final is not None else "".join(text)
-                self._messages = [*messages, Message("assistant", answer)]
+                close = getattr(chunks, "close", None)
+                if close is not None:
+                    close()  # settles the cache bookkeeping of an unfinished generation now
+
+    def _turn_stats(self, prompt: Prompt, plan: _Plan | None, completion: Completion, dropped: int) -> TurnStats:
+        if plan is None:  # recompute: one pipeline call
+            scored = completion.timings.score > 0 or completion.fallback is not None
+            kept = completion.usage.kept_tokens
+            return self._stats(prompt, kept, kept, 0, prompt.n if scored else 0, dropped, completion.timings)
+        assert self.state is not None
+        return self._stats(
+            prompt,
+            plan.compressed.kept,
+            self.state.last_prefilled,
+            plan.evicted,
+            plan.draft_tokens,
+            dropped,
+            completion.timings,
+        )
 
     def _stats(
         self, prompt: Prompt, kept: int, prefilled: int, evicted: int, draft_tokens: int, dropped: int, timings: Timings

@@ -234,6 +234,11 @@ def test_history_stream_async_reset(dense16) -> None:
     answer, streamed = asyncio.run(more())
     assert conv.history[4].content == answer and conv.history[6].content == streamed
     assert len(conv.turns) == 3 and conv.state is not None
+    # A caller that stops at the last chunk (without exhausting the stream) still completes the turn.
+    for chunk in conv.stream("One more?", max_tokens=3):
+        if chunk.completion is not None:
+            break
+    assert len(conv.turns) == 4 and conv.history[-1].content == chunk.completion.text
     # Stopping early keeps the partial answer.
     iterator = conv.stream("Tell me a long story about the sea.", max_tokens=30)
     partial = next(iterator).text + next(iterator).text
