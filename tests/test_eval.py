@@ -19,7 +19,7 @@ from specprefill_sdk.eval.metrics import (
     normalize_answer,
     token_mask_for_spans,
 )
-from specprefill_sdk.eval.report import markdown_report, write_report
+from specprefill_sdk.eval.report import load_result, markdown_report, write_report
 from specprefill_sdk.eval.tasks import generate_samples, task_names
 from specprefill_sdk.eval.text import sentence_spans, split_sentences
 from specprefill_sdk.types import Prompt, Selection
@@ -205,6 +205,9 @@ def test_write_report_makes_json_markdown_and_png(tmp_path):
     assert "| full (dense) | 100 | 100 |" in md
     assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "### qa_squad" in markdown_report(_fake_result())
+    again = load_result(paths["json"])
+    assert again.summary() == _fake_result().summary()
+    assert again.config == _fake_result().config
 
 
 # ----------------------------------------------------------------------------- end to end on SmolLM2

@@ -16,7 +16,7 @@ from typing import Any
 from .harness import FULL, EvalResult
 from .methods import METHOD_DESCRIPTIONS
 
-__all__ = ["markdown_report", "plot_report", "write_report"]
+__all__ = ["load_result", "markdown_report", "plot_report", "write_report"]
 
 
 def _fmt(value: Any, percent: bool = True) -> str:
@@ -131,14 +131,26 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
         ax.grid(True, alpha=0.3)
     axes[0][-1].legend(fontsize=8, loc="lower right")
     cfg = result.config
-    fig.suptitle(f"target {cfg.model}, draft {cfg.draft or cfg.model}: {len(result.samples)} samples, "
-                 f"{len(cfg.tasks)} tasks, {min(cfg.lengths)}-{max(cfg.lengths)} tokens", fontsize=10)
+    lengths = f"{min(cfg.lengths)}-{max(cfg.lengths)}" if len(cfg.lengths) > 1 else f"{cfg.lengths[0]}"
+    fig.suptitle(f"target {cfg.model}, draft {cfg.draft or cfg.model}\n{len(result.samples)} samples, "
+                 f"{len(cfg.tasks)} tasks, {lengths} tokens", fontsize=9)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
     plt.close(fig)
     return out
+
+
+def load_result(path: str | Path) -> EvalResult:
+    """Read an `EvalResult` back from the JSON that `write_report` wrote (to re-plot or re-tabulate it)."""
+    from .harness import EvalConfig
+
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    cfg: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
+    return EvalResult(config=EvalConfig(**cfg), records=data["records"], samples=data["samples"],
+                      errors=data.get("errors", []), environment=data.get("environment", {}),
+                      started=data.get("started", ""), elapsed_s=float(data.get("elapsed_s", 0.0)))
 
 
 def write_report(result: EvalResult, directory: str | Path, *, stem: str = "eval",
