@@ -197,6 +197,8 @@ def plot(summary: dict[str, dict[str, Any]], path: Path) -> None:
         axes[1].plot(turns, [t["ttft_ms"] for t in s["per_turn"]], marker="o", label=name)
     axes[0].set(title="target tokens prefilled per turn", xlabel="turn", ylabel="tokens", yscale="log")
     axes[1].set(title="time to first token per turn", xlabel="turn", ylabel="ms", yscale="log")
+    for ax in axes:
+        ax.set_xticks(range(1, len(TURNS) + 1))
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
