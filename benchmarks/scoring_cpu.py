@@ -1,6 +1,7 @@
 """CPU cost of draft-attention scoring against a plain draft prefill (SmolLM2-135M, 2K tokens).
 
-Timed, in one process, median of ``--repeats`` runs after one warm-up each:
+Timed in one process after one warm-up each, median of ``--repeats`` rounds; every round runs each
+variant once, so that changes in machine load touch all of them alike:
 
 - ``prefill``: one plain forward pass of the prompt through the draft (KV cache written, last logits);
 - ``prefill_and_look_ahead``: that prefill plus 7 greedy decode steps, without scoring: what the
@@ -42,14 +43,11 @@ from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.types import Prompt  # noqa: E402
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(times), times
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return (time.perf_counter() - w0) * 1000.0, (time.process_time() - c0) * 1000.0
 
 
 @torch.inference_mode()
@@ -95,11 +93,25 @@ def main() -> int:
         "score_look_ahead_8": lambda: scorer.score(prompt),
         "score_look_ahead_1": lambda: scorer.with_options(look_ahead=1).score(prompt),
     }
+    for fn in runs.values():
+        fn()  # warm-up
+    # Round-robin: each repeat runs every variant once, so a change in machine load hits all of them.
+    wall: dict[str, list[float]] = {name: [] for name in runs}
+    cpu: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, fn in runs.items():
+            w, c = _timed(fn)
+            wall[name].append(w)
+            cpu[name].append(c)
     results: dict[str, Any] = {}
-    for name, fn in runs.items():
-        median, times = _median_ms(fn, args.repeats)
-        results[name] = {"median_ms": round(median, 1), "runs_ms": [round(t, 1) for t in times]}
-        print(f"{name:24s} {median:9.1f} ms", flush=True)
+    for name in runs:
+        median = statistics.median(wall[name])
+        results[name] = {
+            "median_ms": round(median, 1),
+            "runs_ms": [round(t, 1) for t in wall[name]],
+            "median_cpu_ms": round(statistics.median(cpu[name]), 1),
+        }
+        print(f"{name:24s} {median:9.1f} ms wall {results[name]['median_cpu_ms']:9.1f} ms cpu", flush=True)
     med = {k: v["median_ms"] for k, v in results.items()}
     report = {
         "benchmark": "scoring_cpu",
