@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
-from .errors import ContextTooLongError, InvalidRequestError, SpecPrefillError
+from .errors import ContextTooLongError, InvalidRequestError
 from .interfaces import Backend, Scorer, Selector
 from .prompt import PromptInput, build_prompt
 from .tracing import Telemetry, error_type, mark_cancelled, record_error, set_attributes
@@ -540,7 +540,7 @@ class Pipeline:
                         with self._score_lock:
                             all_scores: list[Any] = self.scorer.score_batch([built[i] for i in todo])
                     except Exception as exc:
-                        if not self.fallback_on_scorer_error or isinstance(exc, SpecPrefillError):
+                        if not self.fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
                             raise
                         fallback = f"scorer_error: {type(exc).__name__}: {exc}"
                         logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
