@@ -344,7 +344,7 @@ class Conversation:
                 except Exception:
                     self._drop_caches()
                     raise
-                chunks = self._generate(prompt, plan, params, t0)
+                chunks = self._traced(self._generate(prompt, plan, params, t0), prompt, params)
             try:
                 for chunk in chunks:
                     text.append(chunk.text)
@@ -367,6 +367,82 @@ class Conversation:
                 close = getattr(chunks, "close", None)
                 if close is not None:
                     close()  # settles the cache bookkeeping of an unfinished generation now
+
+    def _traced(
+        self, chunks: Iterator[CompletionChunk], prompt: Prompt, params: SamplingParams
+    ) -> Iterator[CompletionChunk]:
+        """The pipeline's spans for a turn that reuses caches (the recompute strategy gets them from the pipeline).
+
+        The spans are attached to the context only around this generator's own work, never across a yield.
+        """
+        from opentelemetry.trace import SpanKind
+
+        from .tracing import mark_cancelled, record_error, set_attributes
+
+        tel = self.pipeline.telemetry
+        model = self.pipeline.backend.model_name
+        root = tel.start_span(
+            "specprefill.pipeline",
+            {
+                "specprefill.prompt_tokens": prompt.n,
+                "gen_ai.conversation.id": self.id,
+                "gen_ai.request.model": model,
+                "specprefill.conversation.strategy": self.strategy,
+            },
+        )
+        with tel.activate(root):
+            span = tel.start_span(
+                f"chat {model}",
+                {
+                    "gen_ai.operation.name": "chat",
+                    "gen_ai.provider.name": getattr(self.pipeline.backend, "provider_name", "specprefill"),
+                    "gen_ai.request.model": model,
+                    "gen_ai.conversation.id": self.id,
+                    "gen_ai.request.max_tokens": params.max_tokens,
+                    "gen_ai.request.temperature": params.temperature,
+                    "gen_ai.request.stream": True,
+                },
+                kind=SpanKind.CLIENT,
+            )
+        try:
+            while True:
+                with tel.activate(span):
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    break
+                if chunk.completion is not None:
+                    c = chunk.completion
+                    set_attributes(
+                        span,
+                        {
+                            "gen_ai.usage.input_tokens": c.usage.kept_tokens,
+                            "gen_ai.usage.output_tokens": c.usage.completion_tokens,
+                            "gen_ai.response.finish_reasons": (c.finish_reason,),
+                        },
+                    )
+                    set_attributes(
+                        root,
+                        {
+                            "specprefill.kept_tokens": c.usage.kept_tokens,
+                            "specprefill.keep_ratio": c.usage.keep_ratio,
+                            "specprefill.ttft_ms": c.timings.ttft,
+                        },
+                    )
+                yield chunk
+        except GeneratorExit:
+            mark_cancelled(span)
+            mark_cancelled(root)
+            raise
+        except BaseException as exc:
+            record_error(span, exc)
+            record_error(root, exc)
+            raise
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+            span.end()
+            root.end()
 
     def _turn_stats(self, prompt: Prompt, plan: _Plan | None, completion: Completion, dropped: int) -> TurnStats:
         if plan is None:  # recompute: one pipeline call
