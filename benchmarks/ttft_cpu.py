@@ -86,9 +86,15 @@ def make_prompt(tokenizer: Any, length: int, seed: int) -> Prompt:
     return prompt
 
 
-def measure(prompt: Prompt, args: argparse.Namespace, target: LoadedModel, draft: LoadedModel,
-            backend: TransformersBackend, scorers: tuple[DraftAttentionScorer, DraftAttentionScorer],
-            pipelines: dict[float, Pipeline]) -> list[dict[str, Any]]:
+def measure(
+    prompt: Prompt,
+    args: argparse.Namespace,
+    target: LoadedModel,
+    draft: LoadedModel,
+    backend: TransformersBackend,
+    scorers: tuple[DraftAttentionScorer, DraftAttentionScorer],
+    pipelines: dict[float, Pipeline],
+) -> list[dict[str, Any]]:
     """Time every path on one prompt (``repeats`` interleaved rounds); one row per keep rate."""
     scorer8, scorer1 = scorers
     first = SamplingParams(max_tokens=1)
@@ -134,32 +140,59 @@ def measure(prompt: Prompt, args: argparse.Namespace, target: LoadedModel, draft
         ceiling = full / (med["draft_prefill"] + med[f"kept_plain_{rate}"])
         cspec = cmed[f"spec_{rate}"]
         cceiling = cfull / (cmed["draft_prefill"] + cmed[f"kept_plain_{rate}"])
-        rows.append({
-            "n": n, "keep_rate": rate, "kept": kept[rate].kept,
-            "keep_ratio": round(kept[rate].keep_ratio, 4),
-            "cpu_full_ms": round(cfull, 1), "cpu_specprefill_ms": round(cspec, 1),
-            "cpu_speedup": round(cfull / cspec, 2), "cpu_ceiling": round(cceiling, 2),
-            "cpu_ratio_to_ceiling": round(cfull / cspec / cceiling, 3),
-            "cpu_score_la8_ms": round(cmed["score_la8"], 1), "cpu_score_la1_ms": round(cmed["score_la1"], 1),
-            "cpu_draft_prefill_ms": round(cmed["draft_prefill"], 1),
-            "cpu_kept_prefill_ms": round(cmed[f"kept_plain_{rate}"], 1),
-            "full_ms": round(full, 1),
-            "full_backend_ms": round(med["full_backend"], 1) if "full_backend" in med else None,
-            "full_plain_ms": round(med["full_plain"], 1),
-            "specprefill_ms": round(spec, 1), "speedup": round(full / spec, 2),
-            "score_ms": round(med[f"spec_score_{rate}"], 1), "select_ms": round(med[f"spec_select_{rate}"], 2),
-            "kept_prefill_backend_ms": round(med[f"spec_prefill_{rate}"], 1),
-            "kept_prefill_plain_ms": round(med[f"kept_plain_{rate}"], 1),
-            "draft_prefill_ms": round(med["draft_prefill"], 1),
-            "score_la8_ms": round(med["score_la8"], 1), "score_la1_ms": round(med["score_la1"], 1),
-            "ceiling": round(ceiling, 2), "ratio_to_ceiling": round(full / spec / ceiling, 3),
-            "runs": {k: [round(x, 1) for x in v] for k, v in times.items()
-                     if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")},
-            "cpu_runs": {k: [round(x, 1) for x in v] for k, v in cpu_times.items()
-                         if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")},
-        })
-        logger.info("n=%d keep %.2f: wall full %.0f ms, specprefill %.0f ms (%.2fx, ceiling %.2fx); CPU time "
-                    "%.2fx (ceiling %.2fx)", n, rate, full, spec, full / spec, ceiling, cfull / cspec, cceiling)
+        rows.append(
+            {
+                "n": n,
+                "keep_rate": rate,
+                "kept": kept[rate].kept,
+                "keep_ratio": round(kept[rate].keep_ratio, 4),
+                "cpu_full_ms": round(cfull, 1),
+                "cpu_specprefill_ms": round(cspec, 1),
+                "cpu_speedup": round(cfull / cspec, 2),
+                "cpu_ceiling": round(cceiling, 2),
+                "cpu_ratio_to_ceiling": round(cfull / cspec / cceiling, 3),
+                "cpu_score_la8_ms": round(cmed["score_la8"], 1),
+                "cpu_score_la1_ms": round(cmed["score_la1"], 1),
+                "cpu_draft_prefill_ms": round(cmed["draft_prefill"], 1),
+                "cpu_kept_prefill_ms": round(cmed[f"kept_plain_{rate}"], 1),
+                "full_ms": round(full, 1),
+                "full_backend_ms": round(med["full_backend"], 1) if "full_backend" in med else None,
+                "full_plain_ms": round(med["full_plain"], 1),
+                "specprefill_ms": round(spec, 1),
+                "speedup": round(full / spec, 2),
+                "score_ms": round(med[f"spec_score_{rate}"], 1),
+                "select_ms": round(med[f"spec_select_{rate}"], 2),
+                "kept_prefill_backend_ms": round(med[f"spec_prefill_{rate}"], 1),
+                "kept_prefill_plain_ms": round(med[f"kept_plain_{rate}"], 1),
+                "draft_prefill_ms": round(med["draft_prefill"], 1),
+                "score_la8_ms": round(med["score_la8"], 1),
+                "score_la1_ms": round(med["score_la1"], 1),
+                "ceiling": round(ceiling, 2),
+                "ratio_to_ceiling": round(full / spec / ceiling, 3),
+                "runs": {
+                    k: [round(x, 1) for x in v]
+                    for k, v in times.items()
+                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")
+                },
+                "cpu_runs": {
+                    k: [round(x, 1) for x in v]
+                    for k, v in cpu_times.items()
+                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")
+                },
+            }
+        )
+        logger.info(
+            "n=%d keep %.2f: wall full %.0f ms, specprefill %.0f ms (%.2fx, ceiling %.2fx); CPU time "
+            "%.2fx (ceiling %.2fx)",
+            n,
+            rate,
+            full,
+            spec,
+            full / spec,
+            ceiling,
+            cfull / cspec,
+            cceiling,
+        )
     return rows
 
 
@@ -203,15 +236,21 @@ def header(args: argparse.Namespace, load_before: tuple[float, float, float]) ->
     return {
         "benchmark": "ttft_cpu",
         "command": "python " + " ".join(sys.argv),
-        "target": args.target, "draft": args.draft,
+        "target": args.target,
+        "draft": args.draft,
         "policy": "Protect(Chunked(KeepRate(r), 32), sink=1, tail=True); DraftAttentionScorer(look_ahead=8, "
-                  "pool_kernel=13) (the paper policy)",
+        "pool_kernel=13) (the paper policy)",
         "repeats": args.repeats,
-        "machine": {"processor": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-                    "torch_threads": torch.get_num_threads(), "platform": platform.platform(),
-                    "torch": torch.__version__, "transformers": transformers.__version__,
-                    "load_average_before": [round(x, 2) for x in load_before],
-                    "load_average_after": [round(x, 2) for x in load_before]},
+        "machine": {
+            "processor": platform.processor() or platform.machine(),
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "load_average_before": [round(x, 2) for x in load_before],
+            "load_average_after": [round(x, 2) for x in load_before],
+        },
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "rows": [],
     }
@@ -237,20 +276,29 @@ def markdown(result: dict[str, Any]) -> str:
             f"| {r['n']} | {r['keep_rate']:g} | {r['kept']} | {r['full_ms']:.0f} | {r['specprefill_ms']:.0f} | "
             f"**{r['speedup']:.2f}x** | {r['ceiling']:.2f}x | {100 * r['ratio_to_ceiling']:.0f}% | "
             f"{r['score_ms']:.0f} | {r['kept_prefill_backend_ms']:.0f} | {r['draft_prefill_ms']:.0f} | "
-            f"{r['score_la8_ms'] / r['draft_prefill_ms']:.2f}x, {r['score_la1_ms'] / r['draft_prefill_ms']:.2f}x |")
-    lines += ["", "Process CPU time of the same runs (with one torch thread this is the single-core compute time, "
-              "unaffected by other processes' load):", "",
-              "| n | keep | full CPU ms | SpecPrefill CPU ms | speedup | ceiling | ratio to ceiling | draft prefill "
-              "| scoring la 8 | scoring la 1 | kept prefill |",
-              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            f"{r['score_la8_ms'] / r['draft_prefill_ms']:.2f}x, {r['score_la1_ms'] / r['draft_prefill_ms']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Process CPU time of the same runs (with one torch thread this is the single-core compute time, "
+        "unaffected by other processes' load):",
+        "",
+        "| n | keep | full CPU ms | SpecPrefill CPU ms | speedup | ceiling | ratio to ceiling | draft prefill "
+        "| scoring la 8 | scoring la 1 | kept prefill |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         lines.append(
             f"| {r['n']} | {r['keep_rate']:g} | {r['cpu_full_ms']:.0f} | {r['cpu_specprefill_ms']:.0f} | "
             f"**{r['cpu_speedup']:.2f}x** | {r['cpu_ceiling']:.2f}x | {100 * r['cpu_ratio_to_ceiling']:.0f}% | "
             f"{r['cpu_draft_prefill_ms']:.0f} | {r['cpu_score_la8_ms']:.0f} | {r['cpu_score_la1_ms']:.0f} | "
-            f"{r['cpu_kept_prefill_ms']:.0f} |")
-    lines += ["", "full = a plain forward of the prompt (and the backend's dense path when timed: the faster); "
-              "ceiling = full / (plain draft prefill + plain prefill of the kept tokens)."]
+            f"{r['cpu_kept_prefill_ms']:.0f} |"
+        )
+    lines += [
+        "",
+        "full = a plain forward of the prompt (and the backend's dense path when timed: the faster); "
+        "ceiling = full / (plain draft prefill + plain prefill of the kept tokens).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -270,16 +318,24 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.bar([x - 0.4 + width / 2 for x in xs], full, width, label="full prefill", color="#888888")
     for i, rate in enumerate(rates):
         sel = [next(r for r in rows if r["n"] == n and r["keep_rate"] == rate) for n in ns]
-        bars = ax.bar([x - 0.4 + width * (i + 1.5) for x in xs], [r["specprefill_ms"] / 1000 for r in sel], width,
-                      label=f"SpecPrefill keep {rate:g}")
+        bars = ax.bar(
+            [x - 0.4 + width * (i + 1.5) for x in xs],
+            [r["specprefill_ms"] / 1000 for r in sel],
+            width,
+            label=f"SpecPrefill keep {rate:g}",
+        )
         for b, r in zip(bars, sel, strict=True):
-            ax.annotate(f"{r['speedup']:.1f}x", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
-                        va="bottom", fontsize=8)
+            ax.annotate(
+                f"{r['speedup']:.1f}x",
+                (b.get_x() + b.get_width() / 2, b.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
     ax.set_xticks(list(xs))
     ax.set_xticklabels([f"{n} tokens" for n in ns])
     ax.set_ylabel("time to first token (s)")
-    ax.set_title(f"CPU ({result['machine']['cpu_count']} cores): {result['draft']} -> {result['target']}",
-                 fontsize=10)
+    ax.set_title(f"CPU ({result['machine']['cpu_count']} cores): {result['draft']} -> {result['target']}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
@@ -298,8 +354,11 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="ttft_cpu_qwen2.5-coder")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2, the machine's cores)")
-    parser.add_argument("--backend-full", action="store_true",
-                        help="also time the backend's dense path (a plain forward is always timed)")
+    parser.add_argument(
+        "--backend-full",
+        action="store_true",
+        help="also time the backend's dense path (a plain forward is always timed)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     out = Path(args.out)

@@ -59,32 +59,91 @@ logger = logging.getLogger("ttft_gpu")
 
 # --------------------------------------------------------------------------- configurations
 
+
 def _llama3_rope(factor: float) -> dict[str, Any]:
-    return {"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192, "rope_theta": 500000.0}
+    return {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
 
 
 #: Hand-written configs of the real architectures (from their published config.json files).
 #: max_position_embeddings is 131072 for all, so 32K prompts fit every model (speed does not depend on it).
 CONFIGS: dict[str, dict[str, Any]] = {
-    "llama-3.1-8b": dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_llama3_rope(8.0),
-                         max_position_embeddings=131072, tie_word_embeddings=False, hidden_act="silu",
-                         bos_token_id=128000, eos_token_id=128001),
-    "llama-3.2-1b": dict(model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                         num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=_llama3_rope(32.0),
-                         max_position_embeddings=131072, tie_word_embeddings=True, hidden_act="silu",
-                         bos_token_id=128000, eos_token_id=128001),
-    "qwen2.5-32b": dict(model_type="qwen2", hidden_size=5120, intermediate_size=27648, num_hidden_layers=64,
-                        num_attention_heads=40, num_key_value_heads=8, vocab_size=152064, rms_norm_eps=1e-5,
-                        rope_theta=1000000.0, max_position_embeddings=131072, tie_word_embeddings=False,
-                        hidden_act="silu", use_sliding_window=False, bos_token_id=151643, eos_token_id=151645),
-    "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, rms_norm_eps=1e-6,
-                         rope_theta=1000000.0, max_position_embeddings=131072, tie_word_embeddings=True,
-                         hidden_act="silu", use_sliding_window=False, bos_token_id=151643, eos_token_id=151645),
+    "llama-3.1-8b": dict(
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=_llama3_rope(8.0),
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "llama-3.2-1b": dict(
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=_llama3_rope(32.0),
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "qwen2.5-32b": dict(
+        model_type="qwen2",
+        hidden_size=5120,
+        intermediate_size=27648,
+        num_hidden_layers=64,
+        num_attention_heads=40,
+        num_key_value_heads=8,
+        vocab_size=152064,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2",
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        hidden_act="silu",
+        use_sliding_window=False,
+        bos_token_id=151643,
+        eos_token_id=151645,
+    ),
 }
 
 PAIRS: dict[str, tuple[str, str]] = {
@@ -96,12 +155,22 @@ PAIRS: dict[str, tuple[str, str]] = {
 def tiny(config: dict[str, Any]) -> dict[str, Any]:
     """A scaled-down copy of a config (same family, GQA kept) for CPU checks of the script."""
     small = dict(config)
-    small.update(hidden_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
-                 num_hidden_layers=2, vocab_size=4096, bos_token_id=1, eos_token_id=2)
+    small.update(
+        hidden_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        vocab_size=4096,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     return small
 
 
 # --------------------------------------------------------------------------- models
+
 
 def synthetic_tokenizer(vocab_size: int) -> Any:
     """A word-level fast tokenizer over ``t0 .. t{V-1}`` (decoding output ids needs one; no files)."""
@@ -126,13 +195,19 @@ def build_model(name: str, config: dict[str, Any], device: torch.device, tokeniz
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16, attn_implementation="sdpa")
     model.eval()
-    logger.info("built %s (%.2fB parameters) in %.1f s", name, sum(p.numel() for p in model.parameters()) / 1e9,
-                time.perf_counter() - t0)
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, device=device, dtype=torch.bfloat16,
-                       source=f"random-init:{name}")
+    logger.info(
+        "built %s (%.2fB parameters) in %.1f s",
+        name,
+        sum(p.numel() for p in model.parameters()) / 1e9,
+        time.perf_counter() - t0,
+    )
+    return LoadedModel(
+        name=name, model=model, tokenizer=tokenizer, device=device, dtype=torch.bfloat16, source=f"random-init:{name}"
+    )
 
 
 # --------------------------------------------------------------------------- timing
+
 
 def sync(device: torch.device) -> None:
     if device.type == "cuda":
@@ -206,12 +281,21 @@ class Bench:
 
 # --------------------------------------------------------------------------- the benchmark
 
-def bench_pair(pair: str, target: LoadedModel, draft: LoadedModel, args: argparse.Namespace, bench: Bench,
-               sink: Callable[[dict[str, Any]], None]) -> None:
+
+def bench_pair(
+    pair: str,
+    target: LoadedModel,
+    draft: LoadedModel,
+    args: argparse.Namespace,
+    bench: Bench,
+    sink: Callable[[dict[str, Any]], None],
+) -> None:
     """Every length of one target/draft pair; each finished length goes to ``sink``."""
     backend = TransformersBackend(target)
-    scorers = {la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer)
-               for la in args.look_aheads}
+    scorers = {
+        la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer)
+        for la in args.look_aheads
+    }
     vocab = min(target.model.config.vocab_size, draft.model.config.vocab_size)
     gen = torch.Generator().manual_seed(1234)
     for n in args.lengths:
@@ -231,8 +315,16 @@ def direct_path(scorer: DraftAttentionScorer, rate: float, target: LoadedModel, 
     return plain_forward(target, torch.tensor(kept.token_ids, device=dev), torch.tensor(kept.position_ids, device=dev))
 
 
-def bench_length(pair: str, prompt: Prompt, target: LoadedModel, draft: LoadedModel, backend: TransformersBackend,
-                 scorers: dict[int, DraftAttentionScorer], args: argparse.Namespace, bench: Bench) -> dict[str, Any]:
+def bench_length(
+    pair: str,
+    prompt: Prompt,
+    target: LoadedModel,
+    draft: LoadedModel,
+    backend: TransformersBackend,
+    scorers: dict[int, DraftAttentionScorer],
+    args: argparse.Namespace,
+    bench: Bench,
+) -> dict[str, Any]:
     """All measurements for one prompt."""
     dev = bench.device
     first = SamplingParams(max_tokens=1)
@@ -252,8 +344,13 @@ def bench_length(pair: str, prompt: Prompt, target: LoadedModel, draft: LoadedMo
     for la, scorer in scorers.items():
         score_ms, runs = bench.median(partial(scorer.score, prompt))
         peak = peak_extra(dev, partial(scorer.score, prompt))
-        row["score"][la] = {"ms": score_ms, "runs": runs, "ratio_to_draft_prefill": score_ms / draft_ms,
-                            "peak_mib": peak, "peak_ratio": peak / draft_peak if draft_peak else float("nan")}
+        row["score"][la] = {
+            "ms": score_ms,
+            "runs": runs,
+            "ratio_to_draft_prefill": score_ms / draft_ms,
+            "peak_mib": peak,
+            "peak_ratio": peak / draft_peak if draft_peak else float("nan"),
+        }
     row["cells"] = []
     for rate in args.keep_rates:
         scores = scorers[args.look_aheads[0]].score(prompt)
@@ -269,18 +366,41 @@ def bench_length(pair: str, prompt: Prompt, target: LoadedModel, draft: LoadedMo
             direct_ms, direct_runs = bench.median(partial(direct_path, scorers[la], rate, target, prompt))
             denominator = draft_ms + kept_ms
             ceiling = full / denominator
-            row["cells"].append({
-                "keep_rate": rate, "look_ahead": la, "kept": kept.kept, "keep_ratio": kept.keep_ratio,
-                "full_ms": full, "e2e_ms": e2e_ms, "e2e_runs": e2e_runs, "speedup": full / e2e_ms,
-                "e2e_direct_ms": direct_ms, "e2e_direct_runs": direct_runs, "speedup_direct": full / direct_ms,
-                "kept_prefill_ms": kept_ms, "kept_prefill_runs": kept_runs, "select_ms": select_ms,
-                "score_ms": row["score"][la]["ms"],
-                "ceiling": ceiling, "ratio_to_ceiling": denominator / e2e_ms,
-                "ratio_to_ceiling_direct": denominator / direct_ms,
-            })
-            logger.info("%s n=%d keep %.1f la %d: full %.1f ms, e2e %.1f ms (%.2fx), direct %.1f ms (%.2fx), "
-                        "ceiling %.2fx", pair, n, rate, la, full, e2e_ms, full / e2e_ms, direct_ms, full / direct_ms,
-                        ceiling)
+            row["cells"].append(
+                {
+                    "keep_rate": rate,
+                    "look_ahead": la,
+                    "kept": kept.kept,
+                    "keep_ratio": kept.keep_ratio,
+                    "full_ms": full,
+                    "e2e_ms": e2e_ms,
+                    "e2e_runs": e2e_runs,
+                    "speedup": full / e2e_ms,
+                    "e2e_direct_ms": direct_ms,
+                    "e2e_direct_runs": direct_runs,
+                    "speedup_direct": full / direct_ms,
+                    "kept_prefill_ms": kept_ms,
+                    "kept_prefill_runs": kept_runs,
+                    "select_ms": select_ms,
+                    "score_ms": row["score"][la]["ms"],
+                    "ceiling": ceiling,
+                    "ratio_to_ceiling": denominator / e2e_ms,
+                    "ratio_to_ceiling_direct": denominator / direct_ms,
+                }
+            )
+            logger.info(
+                "%s n=%d keep %.1f la %d: full %.1f ms, e2e %.1f ms (%.2fx), direct %.1f ms (%.2fx), ceiling %.2fx",
+                pair,
+                n,
+                rate,
+                la,
+                full,
+                e2e_ms,
+                full / e2e_ms,
+                direct_ms,
+                full / direct_ms,
+                ceiling,
+            )
     return row
 
 
@@ -297,18 +417,25 @@ def plain_lookahead(loaded: LoadedModel, ids: torch.Tensor, steps: int) -> int:
     n = ids.shape[0]
     for step in range(1, steps + 1):
         bool(token.eq(-1).all())  # the scorer checks for EOS each step (one host sync), so does this
-        out = model(input_ids=token[:, None], position_ids=torch.tensor([[n - 1 + step]], device=ids.device),
-                    use_cache=True, logits_to_keep=1, **{cache_kw: cache})
+        out = model(
+            input_ids=token[:, None],
+            position_ids=torch.tensor([[n - 1 + step]], device=ids.device),
+            use_cache=True,
+            logits_to_keep=1,
+            **{cache_kw: cache},
+        )
         token = out.logits[:, -1].argmax(-1)
     return int(token[0])
 
 
-def profile_lookahead(pair: str, draft: LoadedModel, tokenizer: Any, args: argparse.Namespace,
-                      bench: Bench) -> list[dict[str, Any]]:
+def profile_lookahead(
+    pair: str, draft: LoadedModel, tokenizer: Any, args: argparse.Namespace, bench: Bench
+) -> list[dict[str, Any]]:
     """Where look-ahead scoring time goes: plain prefill, plain decode steps, and the scorer's extra."""
     rows = []
-    scorers = {la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=tokenizer)
-               for la in (1, 8)}
+    scorers = {
+        la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=tokenizer) for la in (1, 8)
+    }
     gen = torch.Generator().manual_seed(99)
     for n in args.lengths:
         ids_cpu = torch.randint(1000, draft.model.config.vocab_size - 1000, (n,), generator=gen)
@@ -319,10 +446,19 @@ def profile_lookahead(pair: str, draft: LoadedModel, tokenizer: Any, args: argpa
         la1, _ = bench.median(partial(scorers[1].score, prompt))
         la8, _ = bench.median(partial(scorers[8].score, prompt))
         layers = draft.model.config.num_hidden_layers
-        row = {"pair": pair, "draft": draft.name, "n": n, "layers": layers, "plain_prefill_ms": prefill,
-               "plain_prefill_plus_7_decode_ms": decode7, "plain_decode_step_ms": (decode7 - prefill) / 7,
-               "score_la1_ms": la1, "score_la8_ms": la8, "scored_step_ms": (la8 - la1) / 7,
-               "hook_ms_per_layer_step": ((la8 - la1) - (decode7 - prefill)) / 7 / layers}
+        row = {
+            "pair": pair,
+            "draft": draft.name,
+            "n": n,
+            "layers": layers,
+            "plain_prefill_ms": prefill,
+            "plain_prefill_plus_7_decode_ms": decode7,
+            "plain_decode_step_ms": (decode7 - prefill) / 7,
+            "score_la1_ms": la1,
+            "score_la8_ms": la8,
+            "scored_step_ms": (la8 - la1) / 7,
+            "hook_ms_per_layer_step": ((la8 - la1) - (decode7 - prefill)) / 7 / layers,
+        }
         logger.info("profile %s", row)
         rows.append(row)
     return rows
@@ -331,14 +467,22 @@ def profile_lookahead(pair: str, draft: LoadedModel, tokenizer: Any, args: argpa
 def environment(device: torch.device) -> dict[str, Any]:
     import transformers
 
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                           "transformers": transformers.__version__, "platform": platform.platform(),
-                           "cpu_count": os.cpu_count(), "device": str(device)}
+    env: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
-        env.update(gpu=props.name, gpu_memory_gib=round(props.total_memory / 2**30, 1),
-                   sdpa_flash=torch.backends.cuda.flash_sdp_enabled(),
-                   cuda=torch.version.cuda)
+        env.update(
+            gpu=props.name,
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+            sdpa_flash=torch.backends.cuda.flash_sdp_enabled(),
+            cuda=torch.version.cuda,
+        )
     return env
 
 
@@ -354,39 +498,63 @@ def markdown(result: dict[str, Any]) -> str:
         "plain forward of the kept tokens at their positions; ceiling = full / (plain draft prefill + kept prefill)",
     ]
     if any(row.get("cells") for row in result["rows"]):
-        lines += ["", "## TTFT", "",
-                  "| pair | n | keep | look-ahead | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling "
-                  "| direct ms | direct ratio to ceiling |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## TTFT",
+            "",
+            "| pair | n | keep | look-ahead | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling "
+            "| direct ms | direct ratio to ceiling |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for row in result["rows"]:
         for c in row.get("cells", []):
             lines.append(
                 f"| {row['pair']} | {row['n']} | {c['keep_rate']:g} | {c['look_ahead']} | {c['full_ms']:.1f} | "
                 f"{c['e2e_ms']:.1f} | {c['speedup']:.2f}x | {c['ceiling']:.2f}x | {100 * c['ratio_to_ceiling']:.0f}% | "
-                f"{c['e2e_direct_ms']:.1f} | {100 * c['ratio_to_ceiling_direct']:.0f}% |")
+                f"{c['e2e_direct_ms']:.1f} | {100 * c['ratio_to_ceiling_direct']:.0f}% |"
+            )
     if any(row.get("score") for row in result["rows"]):
-        lines += ["", "## Scoring against a plain draft prefill", "",
-                  "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | draft peak MiB "
-                  "| scoring peak MiB | memory ratio |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Scoring against a plain draft prefill",
+            "",
+            "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | draft peak MiB "
+            "| scoring peak MiB | memory ratio |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for row in result["rows"]:
         for la, s in row.get("score", {}).items():
-            lines.append(f"| {row['pair']} | {row['n']} | {row['draft_prefill_ms']:.1f} | {la} | {s['ms']:.1f} | "
-                         f"{s['ratio_to_draft_prefill']:.2f}x | {row['draft_prefill_peak_mib']:.0f} | "
-                         f"{s['peak_mib']:.0f} | {s['peak_ratio']:.3f} |")
+            lines.append(
+                f"| {row['pair']} | {row['n']} | {row['draft_prefill_ms']:.1f} | {la} | {s['ms']:.1f} | "
+                f"{s['ratio_to_draft_prefill']:.2f}x | {row['draft_prefill_peak_mib']:.0f} | "
+                f"{s['peak_mib']:.0f} | {s['peak_ratio']:.3f} |"
+            )
     backend_rows = [r for r in result["rows"] if "full_backend_ms" in r]
     if backend_rows:
-        lines += ["", "## Dense prompt: plain forward vs the backend's masked, chunked prefill", "",
-                  "| pair | n | plain ms | backend ms |", "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Dense prompt: plain forward vs the backend's masked, chunked prefill",
+            "",
+            "| pair | n | plain ms | backend ms |",
+            "|---|---:|---:|---:|",
+        ]
         for r in backend_rows:
             lines.append(f"| {r['pair']} | {r['n']} | {r['full_plain_ms']:.1f} | {r['full_backend_ms']:.1f} |")
     if result.get("profile"):
-        lines += ["", "## Look-ahead profile (draft only)", "",
-                  "| draft | n | layers | plain prefill ms | plain decode step ms | scored step ms "
-                  "| hook ms per layer and step |", "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "## Look-ahead profile (draft only)",
+            "",
+            "| draft | n | layers | plain prefill ms | plain decode step ms | scored step ms "
+            "| hook ms per layer and step |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for p in result["profile"]:
-            lines.append(f"| {p['draft']} | {p['n']} | {p['layers']} | {p['plain_prefill_ms']:.1f} | "
-                         f"{p['plain_decode_step_ms']:.2f} | {p['scored_step_ms']:.2f} | "
-                         f"{p['hook_ms_per_layer_step']:.3f} |")
+            lines.append(
+                f"| {p['draft']} | {p['n']} | {p['layers']} | {p['plain_prefill_ms']:.1f} | "
+                f"{p['plain_decode_step_ms']:.2f} | {p['scored_step_ms']:.2f} | "
+                f"{p['hook_ms_per_layer_step']:.3f} |"
+            )
     skipped = [r for r in result["rows"] if "skipped" in r]
     if skipped:
         lines += ["", "Not run (time limit): " + ", ".join(f"{r['pair']} n={r['n']}" for r in skipped)]
@@ -421,8 +589,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_title(f"{rows[0]['target']} / {rows[0]['draft']}", fontsize=10)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    fig.suptitle(f"{result['environment'].get('gpu', result['environment']['device'])}, HF backend, bf16, batch 1",
-                 fontsize=10)
+    fig.suptitle(
+        f"{result['environment'].get('gpu', result['environment']['device'])}, HF backend, bf16, batch 1", fontsize=10
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -435,13 +604,21 @@ def main() -> int:
     parser.add_argument("--keep-rates", nargs="+", type=float, default=[0.1, 0.3])
     parser.add_argument("--look-aheads", nargs="+", type=int, default=[8, 1])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-backend-full", dest="backend_full", action="store_false",
-                        help="skip timing the backend's dense path")
-    parser.add_argument("--backend-full-max", type=int, default=1 << 30,
-                        help="time the backend's dense path only up to this many tokens")
+    parser.add_argument(
+        "--no-backend-full", dest="backend_full", action="store_false", help="skip timing the backend's dense path"
+    )
+    parser.add_argument(
+        "--backend-full-max",
+        type=int,
+        default=1 << 30,
+        help="time the backend's dense path only up to this many tokens",
+    )
     parser.add_argument("--budget-s", type=float, default=480.0, help="skip remaining lengths after this long")
-    parser.add_argument("--profile-lookahead", action="store_true",
-                        help="only profile look-ahead scoring on the drafts (plain decode steps vs scored ones)")
+    parser.add_argument(
+        "--profile-lookahead",
+        action="store_true",
+        help="only profile look-ahead scoring on the drafts (plain decode steps vs scored ones)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="ttft_gpu_h200")
@@ -453,9 +630,15 @@ def main() -> int:
     bench = Bench(device=device, repeats=args.repeats, deadline=time.perf_counter() + args.budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"benchmark": "ttft_gpu", "command": "python " + " ".join(sys.argv),
-                              "environment": environment(device), "repeats": args.repeats, "tiny": args.tiny,
-                              "configs": {}, "rows": []}
+    result: dict[str, Any] = {
+        "benchmark": "ttft_gpu",
+        "command": "python " + " ".join(sys.argv),
+        "environment": environment(device),
+        "repeats": args.repeats,
+        "tiny": args.tiny,
+        "configs": {},
+        "rows": [],
+    }
 
     def sink(row: dict[str, Any]) -> None:
         result["rows"].append(row)

@@ -28,13 +28,15 @@ from specprefill_sdk.types import Prompt, Selection
 
 
 def test_split_keeps_abbreviations_initials_and_decimals_inside_sentences():
-    text = ("Dr. Smith paid $3.50 at 5 p.m. on Main St. yesterday. The U.S. team won! "
-            "Did J. R. R. Tolkien write it? \"Yes.\" She left.")
+    text = (
+        "Dr. Smith paid $3.50 at 5 p.m. on Main St. yesterday. The U.S. team won! "
+        'Did J. R. R. Tolkien write it? "Yes." She left.'
+    )
     assert split_sentences(text) == [
         "Dr. Smith paid $3.50 at 5 p.m. on Main St. yesterday.",
         "The U.S. team won!",
         "Did J. R. R. Tolkien write it?",
-        "\"Yes.\"",
+        '"Yes."',
         "She left.",
     ]
 
@@ -42,14 +44,18 @@ def test_split_keeps_abbreviations_initials_and_decimals_inside_sentences():
 def test_split_recovers_lost_line_breaks_and_spans_point_into_the_text():
     text = "It was the end of these mistakes.If you had to choose, be brief.  Then   go."
     spans = sentence_spans(text)
-    assert [text[a:b] for a, b in spans] == ["It was the end of these mistakes.", "If you had to choose, be brief.",
-                                             "Then   go."]
+    assert [text[a:b] for a, b in spans] == [
+        "It was the end of these mistakes.",
+        "If you had to choose, be brief.",
+        "Then   go.",
+    ]
     assert all(text[a].strip() and text[b - 1].strip() for a, b in spans)
 
 
 def test_split_does_not_break_before_lower_case():
     assert split_sentences("Say what you think; be happy. which I then put on top.") == [
-        "Say what you think; be happy. which I then put on top."]
+        "Say what you think; be happy. which I then put on top."
+    ]
 
 
 # ----------------------------------------------------------------------------- tasks
@@ -132,9 +138,16 @@ def test_contains_and_exact_match():
 
 
 def test_evidence_recall_counts_kept_evidence_tokens():
-    prompt = Prompt(token_ids=tuple(range(6)), text="aa bb cc dd", roles=("text",) * 6, message_index=(0,) * 6,
-                    offsets=((0, 0), (0, 2), (3, 5), (6, 8), (9, 11), (11, 11)), special=(False,) * 6,
-                    protected=(False,) * 6, generation_start=6)
+    prompt = Prompt(
+        token_ids=tuple(range(6)),
+        text="aa bb cc dd",
+        roles=("text",) * 6,
+        message_index=(0,) * 6,
+        offsets=((0, 0), (0, 2), (3, 5), (6, 8), (9, 11), (11, 11)),
+        special=(False,) * 6,
+        protected=(False,) * 6,
+        generation_start=6,
+    )
     mask = token_mask_for_spans(prompt, [(3, 8)])
     assert mask == [False, False, True, True, False, False]
     assert token_mask_for_spans(prompt, [(0, 5)], offset=6) == [False, False, False, True, True, False]
@@ -169,19 +182,53 @@ def test_config_validation_names_the_bad_value():
 
 
 def _fake_result() -> EvalResult:
-    cfg = EvalConfig(tasks=("niah_single", "qa_squad"), lengths=(1024,), samples=1, keep_rates=(0.1, 0.3),
-                     methods=("draft-chunked", "random"))
-    result = EvalResult(config=cfg, environment={"processor": "test", "cpu_count": 2, "torch": "x",
-                                                 "transformers": "y", "device": "cpu", "dtype": "bfloat16"})
+    cfg = EvalConfig(
+        tasks=("niah_single", "qa_squad"),
+        lengths=(1024,),
+        samples=1,
+        keep_rates=(0.1, 0.3),
+        methods=("draft-chunked", "random"),
+    )
+    result = EvalResult(
+        config=cfg,
+        environment={
+            "processor": "test",
+            "cpu_count": 2,
+            "torch": "x",
+            "transformers": "y",
+            "device": "cpu",
+            "dtype": "bfloat16",
+        },
+    )
     for task in cfg.tasks:
         result.samples.append({"id": f"{task}/1024/0"})
-        result.records.append({"id": f"{task}/1024/0", "task": task, "method": FULL, "keep_rate": 1.0,
-                               "keep_ratio": 1.0, "recall": 1.0, "contains": True, "exact": True})
+        result.records.append(
+            {
+                "id": f"{task}/1024/0",
+                "task": task,
+                "method": FULL,
+                "keep_rate": 1.0,
+                "keep_ratio": 1.0,
+                "recall": 1.0,
+                "contains": True,
+                "exact": True,
+            }
+        )
         for method, good in (("draft-chunked", True), ("random", False)):
             for rate in cfg.keep_rates:
-                result.records.append({"id": f"{task}/1024/0", "task": task, "method": method, "keep_rate": rate,
-                                       "keep_ratio": rate, "recall": 0.9 if good else rate, "contains": good,
-                                       "exact": False, "select_ms": 1.0})
+                result.records.append(
+                    {
+                        "id": f"{task}/1024/0",
+                        "task": task,
+                        "method": method,
+                        "keep_rate": rate,
+                        "keep_ratio": rate,
+                        "recall": 0.9 if good else rate,
+                        "contains": good,
+                        "exact": False,
+                        "select_ms": 1.0,
+                    }
+                )
     return result
 
 
@@ -220,10 +267,33 @@ def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
-    args = parser.parse_args(["--tasks", "niah_single", "--lengths", "512", "--samples", "1", "--keep-rates", "0.1",
-                              "0.5", "--methods", "draft-chunked", "recency", "--out", str(tmp_path),
-                              "--name", "ci", "--no-progress", "--device", "cpu", "--dtype", "bfloat16",
-                              "--max-new-tokens", "12"])
+    args = parser.parse_args(
+        [
+            "--tasks",
+            "niah_single",
+            "--lengths",
+            "512",
+            "--samples",
+            "1",
+            "--keep-rates",
+            "0.1",
+            "0.5",
+            "--methods",
+            "draft-chunked",
+            "recency",
+            "--out",
+            str(tmp_path),
+            "--name",
+            "ci",
+            "--no-progress",
+            "--device",
+            "cpu",
+            "--dtype",
+            "bfloat16",
+            "--max-new-tokens",
+            "12",
+        ]
+    )
     assert cli.main(args) == 0
     data = json.loads((tmp_path / "ci.json").read_text())
     records = data["records"]
@@ -244,8 +314,15 @@ def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
 def test_eval_is_deterministic_for_a_seed(smollm):
     from specprefill_sdk.eval import run_eval
 
-    cfg = EvalConfig(tasks=("niah_multikey",), lengths=(512,), samples=1, keep_rates=(0.2,),
-                     methods=("draft-pooled", "random"), generate=False, seed=5)
+    cfg = EvalConfig(
+        tasks=("niah_multikey",),
+        lengths=(512,),
+        samples=1,
+        keep_rates=(0.2,),
+        methods=("draft-pooled", "random"),
+        generate=False,
+        seed=5,
+    )
     a = run_eval(cfg, progress=False, target=smollm)
     b = run_eval(cfg, progress=False, target=smollm)
     strip = [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in a.records]

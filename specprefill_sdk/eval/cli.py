@@ -26,20 +26,49 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``eval`` options to ``parser``."""
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="target model: a bundled name, a model folder or a .gguf file (default: smollm2-135m)")
+    parser.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="target model: a bundled name, a model folder or a .gguf file (default: smollm2-135m)",
+    )
     parser.add_argument("--draft", default=None, help="draft model (default: the target itself)")
-    parser.add_argument("--tasks", nargs="+", default=task_names(), metavar="TASK",
-                        help=f"tasks to run (default: all): {', '.join(task_names())}")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[1024, 2048, 4096, 8192], metavar="TOKENS",
-                        help="prompt lengths in target tokens (default: 1024 2048 4096 8192)")
+    parser.add_argument(
+        "--tasks",
+        nargs="+",
+        default=task_names(),
+        metavar="TASK",
+        help=f"tasks to run (default: all): {', '.join(task_names())}",
+    )
+    parser.add_argument(
+        "--lengths",
+        nargs="+",
+        type=int,
+        default=[1024, 2048, 4096, 8192],
+        metavar="TOKENS",
+        help="prompt lengths in target tokens (default: 1024 2048 4096 8192)",
+    )
     parser.add_argument("--samples", type=int, default=2, help="samples per task and length (default: 2)")
-    parser.add_argument("--keep-rates", nargs="+", type=float, default=list(DEFAULT_KEEP_RATES), metavar="RATE",
-                        help="keep rates (default: 0.05 0.1 0.2 0.3 0.5)")
-    parser.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD",
-                        help=f"methods (default: all): {', '.join(method_names())}")
-    parser.add_argument("--no-generate", dest="generate", action="store_false",
-                        help="measure evidence recall only (the target does not answer)")
+    parser.add_argument(
+        "--keep-rates",
+        nargs="+",
+        type=float,
+        default=list(DEFAULT_KEEP_RATES),
+        metavar="RATE",
+        help="keep rates (default: 0.05 0.1 0.2 0.3 0.5)",
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(DEFAULT_METHODS),
+        metavar="METHOD",
+        help=f"methods (default: all): {', '.join(method_names())}",
+    )
+    parser.add_argument(
+        "--no-generate",
+        dest="generate",
+        action="store_false",
+        help="measure evidence recall only (the target does not answer)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="answer length (default: per task)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the samples and the random baseline")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
@@ -86,10 +115,11 @@ def main(args: argparse.Namespace) -> int:
         try:
             import matplotlib  # noqa: F401
         except ImportError as exc:
-            raise InvalidRequestError("the PNG plot needs matplotlib (pip install matplotlib), or pass --no-plot") \
-                from exc
+            raise InvalidRequestError(
+                "the PNG plot needs matplotlib (pip install matplotlib), or pass --no-plot"
+            ) from exc
     result = run_eval(config, progress=args.progress)
-    argv = sys.argv[sys.argv.index("eval") + 1:] if "eval" in sys.argv else sys.argv[1:]
+    argv = sys.argv[sys.argv.index("eval") + 1 :] if "eval" in sys.argv else sys.argv[1:]
     command = "specprefill eval " + " ".join(shlex.quote(a) for a in argv)
     paths = write_report(result, args.out, stem=args.name, command=command, plot=args.plot)
     console = Console()

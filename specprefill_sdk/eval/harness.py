@@ -69,12 +69,14 @@ class EvalConfig:
         """Raise `InvalidRequestError` for values that cannot run."""
         unknown = [t for t in self.tasks if t not in task_names()]
         if unknown or not self.tasks:
-            raise InvalidRequestError(f"unknown or no task(s) {unknown}; choose from {', '.join(task_names())}",
-                                      param="tasks")
+            raise InvalidRequestError(
+                f"unknown or no task(s) {unknown}; choose from {', '.join(task_names())}", param="tasks"
+            )
         bad = [m for m in self.methods if m not in method_names()]
         if bad:
-            raise InvalidRequestError(f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}",
-                                      param="methods")
+            raise InvalidRequestError(
+                f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}", param="methods"
+            )
         if not self.lengths or any(not isinstance(n, int) or n < 256 for n in self.lengths):
             raise InvalidRequestError("lengths must be integers >= 256", param="lengths")
         if not self.keep_rates or any(not 0 < r <= 1 for r in self.keep_rates):
@@ -109,9 +111,11 @@ class EvalResult:
             groups.setdefault(key, []).append(r)
         out: dict[str, Any] = {}
         for (task, method, rate), rows in groups.items():
-            stats: dict[str, Any] = {"count": len(rows),
-                                     "keep_ratio": _mean([r["keep_ratio"] for r in rows]),
-                                     "recall": _mean([r["recall"] for r in rows])}
+            stats: dict[str, Any] = {
+                "count": len(rows),
+                "keep_ratio": _mean([r["keep_ratio"] for r in rows]),
+                "recall": _mean([r["recall"] for r in rows]),
+            }
             judged = [r for r in rows if r.get("contains") is not None]
             if judged:
                 stats["contains"] = _mean([float(r["contains"]) for r in judged])
@@ -125,6 +129,7 @@ class EvalResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: config, environment, summary (overall and per task), samples, records, errors."""
+
         def keyed(summary: dict[str, Any]) -> dict[str, Any]:
             return {m: {f"{rate:g}": v for rate, v in rates.items()} for m, rates in summary.items()}
 
@@ -200,8 +205,9 @@ def _judge(output: str, sample: EvalSample) -> tuple[bool, bool]:
 ProgressCallback = Callable[[str], None]
 
 
-def run_eval(config: EvalConfig, *, progress: bool = True, target: LoadedModel | None = None,
-             draft: LoadedModel | None = None) -> EvalResult:
+def run_eval(
+    config: EvalConfig, *, progress: bool = True, target: LoadedModel | None = None, draft: LoadedModel | None = None
+) -> EvalResult:
     """Run ``config``; already loaded ``target`` / ``draft`` models may be passed in.
 
     Deterministic for a given config: samples come from ``config.seed``, decoding is greedy and the
@@ -218,8 +224,11 @@ def run_eval(config: EvalConfig, *, progress: bool = True, target: LoadedModel |
     if target is None:
         target = load_model(config.model, device=config.device, dtype=config.dtype, progress=progress)
     if draft is None:
-        draft = target if config.draft in (None, config.model) else load_model(
-            config.draft or config.model, device=config.device, dtype=config.dtype, progress=progress)
+        draft = (
+            target
+            if config.draft in (None, config.model)
+            else load_model(config.draft or config.model, device=config.device, dtype=config.dtype, progress=progress)
+        )
     result.environment = _environment(target, draft)
     tokenizer = target.tokenizer
     methods = build_methods(config.methods, draft=draft, seed=config.seed, target_tokenizer=tokenizer)
@@ -247,11 +256,17 @@ def run_eval(config: EvalConfig, *, progress: bool = True, target: LoadedModel |
         for sample in samples:
             case = _build_case(tokenizer, sample)
             bar.update(task_id, description=f"{sample.sample_id} ({case.prompt.n} tokens)")
-            base = {"id": sample.sample_id, "task": sample.task, "length": sample.length, "n": case.prompt.n,
-                    "evidence_tokens": sum(case.evidence)}
+            base = {
+                "id": sample.sample_id,
+                "task": sample.task,
+                "length": sample.length,
+                "n": case.prompt.n,
+                "evidence_tokens": sum(case.evidence),
+            }
             if backend is not None:
-                result.records.append(_generate(backend, config, case, base, FULL, 1.0,
-                                                Selection.keep_all(case.prompt.n), 0.0, None))
+                result.records.append(
+                    _generate(backend, config, case, base, FULL, 1.0, Selection.keep_all(case.prompt.n), 0.0, None)
+                )
                 bar.advance(task_id)
             scores: dict[str, tuple[TokenScores, float] | Exception] = {}
             for method in methods:
@@ -260,13 +275,20 @@ def run_eval(config: EvalConfig, *, progress: bool = True, target: LoadedModel |
                         selection, score_ms, select_ms = _select(method, case, rate, scores, lingua)
                     except Exception as exc:
                         logger.warning("%s failed on %s at %.2f: %s", method.name, sample.sample_id, rate, exc)
-                        result.errors.append({"method": method.name, "sample": sample.sample_id, "rate": f"{rate:g}",
-                                              "error": f"{type(exc).__name__}: {exc}"})
+                        result.errors.append(
+                            {
+                                "method": method.name,
+                                "sample": sample.sample_id,
+                                "rate": f"{rate:g}",
+                                "error": f"{type(exc).__name__}: {exc}",
+                            }
+                        )
                         bar.advance(task_id)
                         continue
                     if backend is not None:
-                        record = _generate(backend, config, case, base, method.name, rate, selection, score_ms,
-                                           select_ms)
+                        record = _generate(
+                            backend, config, case, base, method.name, rate, selection, score_ms, select_ms
+                        )
                     else:
                         record = _record(case, base, method.name, rate, selection, score_ms, select_ms)
                     result.records.append(record)
@@ -293,8 +315,9 @@ def _relabel(sample: EvalSample, length: int) -> EvalSample:
     return replace(sample, length=length, info={**sample.info, "sized_to": sample.length})
 
 
-def _select(method: Method, case: _Case, rate: float, scores: dict[str, tuple[TokenScores, float] | Exception],
-            lingua: Any) -> tuple[Selection, float | None, float]:
+def _select(
+    method: Method, case: _Case, rate: float, scores: dict[str, tuple[TokenScores, float] | Exception], lingua: Any
+) -> tuple[Selection, float | None, float]:
     prompt = case.prompt
     if method.scorer is None:  # llmlingua selects by itself
         from ..selection import Protect
@@ -322,8 +345,15 @@ def _select(method: Method, case: _Case, rate: float, scores: dict[str, tuple[To
     return selection, score_ms, (time.perf_counter() - t0) * 1000
 
 
-def _record(case: _Case, base: dict[str, Any], method: str, rate: float, selection: Selection,
-            score_ms: float | None, select_ms: float | None) -> dict[str, Any]:
+def _record(
+    case: _Case,
+    base: dict[str, Any],
+    method: str,
+    rate: float,
+    selection: Selection,
+    score_ms: float | None,
+    select_ms: float | None,
+) -> dict[str, Any]:
     return {
         **base,
         "method": method,
@@ -336,21 +366,32 @@ def _record(case: _Case, base: dict[str, Any], method: str, rate: float, selecti
     }
 
 
-def _generate(backend: Any, config: EvalConfig, case: _Case, base: dict[str, Any], method: str, rate: float,
-              selection: Selection, score_ms: float | None, select_ms: float | None) -> dict[str, Any]:
+def _generate(
+    backend: Any,
+    config: EvalConfig,
+    case: _Case,
+    base: dict[str, Any],
+    method: str,
+    rate: float,
+    selection: Selection,
+    score_ms: float | None,
+    select_ms: float | None,
+) -> dict[str, Any]:
     record = _record(case, base, method, rate, selection, score_ms, select_ms)
     max_new = config.max_new_tokens or case.sample.max_new_tokens
     params = SamplingParams(max_tokens=max_new, temperature=0.0)
     t0 = time.perf_counter()
     completion = backend.generate(CompressedPrompt.from_selection(case.prompt, selection), params)
     contains, exact = _judge(completion.text, case.sample)
-    record.update({
-        "output": completion.text,
-        "contains": contains,
-        "exact": exact,
-        "prefill_ms": round(completion.timings.prefill, 1),
-        "generate_ms": round((time.perf_counter() - t0) * 1000, 1),
-    })
+    record.update(
+        {
+            "output": completion.text,
+            "contains": contains,
+            "exact": exact,
+            "prefill_ms": round(completion.timings.prefill, 1),
+            "generate_ms": round((time.perf_counter() - t0) * 1000, 1),
+        }
+    )
     return record
 
 
@@ -364,5 +405,12 @@ def _progress(enabled: bool) -> Any:
         TimeRemainingColumn,
     )
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TimeRemainingColumn(), disable=not enabled, transient=False)
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        disable=not enabled,
+        transient=False,
+    )

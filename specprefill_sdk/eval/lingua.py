@@ -64,15 +64,22 @@ class _LegacyCacheModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                 past_key_values: Any = None, use_cache: bool = True, **kwargs: Any) -> Any:
+    def __call__(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Any = None,
+        use_cache: bool = True,
+        **kwargs: Any,
+    ) -> Any:
         from transformers import DynamicCache
 
         cache = None
         if past_key_values is not None:
             cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values], config=self._model.config)
-        out = self._model(input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=use_cache,
-                          **kwargs)
+        out = self._model(
+            input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=use_cache, **kwargs
+        )
         if use_cache and out.past_key_values is not None:
             out.past_key_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return out
@@ -122,8 +129,9 @@ class LLMLinguaSelector:
             import llmlingua
             import tiktoken
         except ImportError as exc:
-            raise ModelLoadError("the llmlingua method needs the packages 'llmlingua' and 'tiktoken': "
-                                 "pip install llmlingua==0.2.2") from exc
+            raise ModelLoadError(
+                "the llmlingua method needs the packages 'llmlingua' and 'tiktoken': pip install llmlingua==0.2.2"
+            ) from exc
         self.draft = draft
         self.version = getattr(llmlingua, "__version__", "?")
         device = "cuda" if draft.device.type == "cuda" else "cpu"
@@ -132,7 +140,8 @@ class LLMLinguaSelector:
             tiktoken.encoding_for_model = lambda _name: _DraftTokenCounter(draft.tokenizer)  # type: ignore[assignment,return-value]
             try:
                 self.compressor = llmlingua.PromptCompressor(
-                    model_name=draft.source, device_map=device,
+                    model_name=draft.source,
+                    device_map=device,
                     model_config={"torch_dtype": draft.dtype, "local_files_only": True, "trust_remote_code": False},
                 )
             except OSError as exc:
@@ -158,9 +167,13 @@ class LLMLinguaSelector:
         if budget > 0 and members:
             text = prompt.text[a:b]
             result = self.compressor.compress_prompt(
-                [text], instruction="", question="", target_token=budget, use_context_level_filter=False,
+                [text],
+                instruction="",
+                question="",
+                target_token=budget,
+                use_context_level_filter=False,
             )
-            pieces = [prompt.text[prompt.offsets[i][0]:prompt.offsets[i][1]] for i in members]
+            pieces = [prompt.text[prompt.offsets[i][0] : prompt.offsets[i][1]] for i in members]
             flags, matched = align_compressed_text(pieces, str(result["compressed_prompt"]))
             self.last_match = matched
             if matched < 0.9:
@@ -170,5 +183,10 @@ class LLMLinguaSelector:
                     keep[i] = True
         indices = torch.nonzero(keep).flatten().tolist()
         protected = [bool(forced[i]) for i in indices]
-        return Selection(indices=tuple(indices), n=n, protected=tuple(protected), requested_rate=rate,
-                         reason=f"llmlingua {self.version} token filter, budget {budget}")
+        return Selection(
+            indices=tuple(indices),
+            n=n,
+            protected=tuple(protected),
+            requested_rate=rate,
+            reason=f"llmlingua {self.version} token filter, budget {budget}",
+        )

@@ -32,13 +32,13 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "draft-chunked": "draft attention, look-ahead 8, pool 13, chunks of 32 (the paper's setting)",
     "draft-chunked-la1": "draft attention, look-ahead 1, pool 13, chunks of 32",
     "draft-adaptive": "draft attention, look-ahead 8, pool 13, chunks of 32, Adaptive(coverage 0.9) "
-                      "up to the keep rate",
+    "up to the keep rate",
     "random": "random scores (seeded), token-level top-k",
     "recency": "the most recent tokens",
     "head-tail": "half of the kept tokens from the start, half from the end",
     "self-info": "LLMLingua-style self-information -log p(token | prefix) from the same draft, token-level top-k",
     "llmlingua": "the llmlingua package (LLMLingua-1 PromptCompressor, iterative token filter) on the same "
-                 "draft model folder; kept tokens mapped back onto the prompt",
+    "draft model folder; kept tokens mapped back onto the prompt",
 }
 
 #: Methods run when none are named.
@@ -74,8 +74,9 @@ def _protect(inner: Any) -> Selector:
     return Protect(inner, sink=1, tail=True)
 
 
-def build_methods(names: Sequence[str], *, draft: LoadedModel | None, seed: int = 0,
-                  target_tokenizer: Any = None) -> list[Method]:
+def build_methods(
+    names: Sequence[str], *, draft: LoadedModel | None, seed: int = 0, target_tokenizer: Any = None
+) -> list[Method]:
     """Build the named methods; draft-based ones share the loaded ``draft``.
 
     Raises:
@@ -93,7 +94,8 @@ def build_methods(names: Sequence[str], *, draft: LoadedModel | None, seed: int 
     unknown = [n for n in names if n not in METHOD_DESCRIPTIONS]
     if unknown:
         raise InvalidRequestError(
-            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)}", param="methods")
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)}", param="methods"
+        )
     needs_draft = [n for n in names if n.startswith("draft-") or n in ("self-info", "llmlingua")]
     if needs_draft and draft is None:
         raise InvalidRequestError(f"methods {', '.join(needs_draft)} need a draft model", param="draft")
@@ -110,8 +112,9 @@ def build_methods(names: Sequence[str], *, draft: LoadedModel | None, seed: int 
         return _protect(Chunked(KeepRate(rate), CHUNK))
 
     def adaptive(rate: float) -> Selector:
-        return _protect(Chunked(Adaptive(coverage=0.9, min_rate=min(0.02, rate), max_rate=rate,
-                                         dense_below_tokens=0), CHUNK))
+        return _protect(
+            Chunked(Adaptive(coverage=0.9, min_rate=min(0.02, rate), max_rate=rate, dense_below_tokens=0), CHUNK)
+        )
 
     out: list[Method] = []
     for name in names:
@@ -139,8 +142,16 @@ def build_methods(names: Sequence[str], *, draft: LoadedModel | None, seed: int 
             out.append(Method(name, desc, "head-tail", HeadTailScorer(head=0.5), token_level, False))
         elif name == "self-info":
             assert draft is not None
-            out.append(Method(name, desc, "self-info",
-                              SelfInformationScorer(draft, target_tokenizer=target_tokenizer), token_level, True))
+            out.append(
+                Method(
+                    name,
+                    desc,
+                    "self-info",
+                    SelfInformationScorer(draft, target_tokenizer=target_tokenizer),
+                    token_level,
+                    True,
+                )
+            )
         elif name == "llmlingua":
             out.append(Method(name, desc, "llmlingua", None, token_level, True))
     return out

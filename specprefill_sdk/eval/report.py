@@ -73,10 +73,16 @@ def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
         *_table(summary, rates, "recall", with_full=False),
     ]
     if judged:
-        lines += ["", "## Accuracy, contains (the expected answer appears in the output)", "",
-                  *_table(summary, rates, "contains", with_full=True),
-                  "", "## Accuracy, exact (the first output line is the answer and nothing else)", "",
-                  *_table(summary, rates, "exact", with_full=True)]
+        lines += [
+            "",
+            "## Accuracy, contains (the expected answer appears in the output)",
+            "",
+            *_table(summary, rates, "contains", with_full=True),
+            "",
+            "## Accuracy, exact (the first output line is the answer and nothing else)",
+            "",
+            *_table(summary, rates, "exact", with_full=True),
+        ]
     lines += ["", "## Kept share of the prompt (actual)", "", *_table(summary, rates, "keep_ratio", with_full=False)]
     by_task = result.summary(by_task=True)
     if by_task and len(cfg.tasks) > 1:
@@ -116,8 +122,16 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
         for i, m in enumerate(methods):
             ys = [summary[m].get(r, {}).get(metric, float("nan")) for r in rates]
             style = "-" if m.startswith("draft-") else "--"
-            ax.plot(rates, [100 * y for y in ys], style, marker="o", color=cmap(i % 10), label=m, linewidth=1.6,
-                    markersize=4)
+            ax.plot(
+                rates,
+                [100 * y for y in ys],
+                style,
+                marker="o",
+                color=cmap(i % 10),
+                label=m,
+                linewidth=1.6,
+                markersize=4,
+            )
         if metric == "contains" and FULL in summary:
             full = summary[FULL].get(1.0, {}).get("contains")
             if full is not None:
@@ -132,8 +146,11 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
     axes[0][-1].legend(fontsize=8, loc="lower right")
     cfg = result.config
     lengths = f"{min(cfg.lengths)}-{max(cfg.lengths)}" if len(cfg.lengths) > 1 else f"{cfg.lengths[0]}"
-    fig.suptitle(f"target {cfg.model}, draft {cfg.draft or cfg.model}\n{len(result.samples)} samples, "
-                 f"{len(cfg.tasks)} tasks, {lengths} tokens", fontsize=9)
+    fig.suptitle(
+        f"target {cfg.model}, draft {cfg.draft or cfg.model}\n{len(result.samples)} samples, "
+        f"{len(cfg.tasks)} tasks, {lengths} tokens",
+        fontsize=9,
+    )
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,13 +165,20 @@ def load_result(path: str | Path) -> EvalResult:
 
     data = json.loads(Path(path).read_text(encoding="utf-8"))
     cfg: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
-    return EvalResult(config=EvalConfig(**cfg), records=data["records"], samples=data["samples"],
-                      errors=data.get("errors", []), environment=data.get("environment", {}),
-                      started=data.get("started", ""), elapsed_s=float(data.get("elapsed_s", 0.0)))
+    return EvalResult(
+        config=EvalConfig(**cfg),
+        records=data["records"],
+        samples=data["samples"],
+        errors=data.get("errors", []),
+        environment=data.get("environment", {}),
+        started=data.get("started", ""),
+        elapsed_s=float(data.get("elapsed_s", 0.0)),
+    )
 
 
-def write_report(result: EvalResult, directory: str | Path, *, stem: str = "eval",
-                 command: str | None = None, plot: bool = True) -> dict[str, Path]:
+def write_report(
+    result: EvalResult, directory: str | Path, *, stem: str = "eval", command: str | None = None, plot: bool = True
+) -> dict[str, Path]:
     """Write ``<stem>.json``, ``<stem>.md`` and (``plot=True``) ``<stem>.png`` into ``directory``."""
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)

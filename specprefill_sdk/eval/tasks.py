@@ -124,8 +124,8 @@ def _essay_sentences() -> tuple[str, ...]:
 class _QA:
     question: str
     answers: tuple[str, ...]
-    gold: tuple[int, ...]          # document indices that hold the evidence
-    related: tuple[int, ...]       # documents of the same article / question (hard distractors)
+    gold: tuple[int, ...]  # document indices that hold the evidence
+    related: tuple[int, ...]  # documents of the same article / question (hard distractors)
     evidence: tuple[tuple[int, str], ...]  # (document index, evidence sentence text)
 
 
@@ -162,13 +162,15 @@ def _squad() -> _QASet:
                 if not sentence:
                     continue
                 d = doc_index[ctx]
-                qas.append(_QA(
-                    question=qa["question"].strip(),
-                    answers=tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"])),
-                    gold=(d,),
-                    related=tuple(i for i in article_docs if i != d),
-                    evidence=tuple((d, s) for s in sentence),
-                ))
+                qas.append(
+                    _QA(
+                        question=qa["question"].strip(),
+                        answers=tuple(dict.fromkeys(a["text"].strip() for a in qa["answers"])),
+                        gold=(d,),
+                        related=tuple(i for i in article_docs if i != d),
+                        evidence=tuple((d, s) for s in sentence),
+                    )
+                )
     return _QASet(tuple(docs), tuple(qas))
 
 
@@ -203,30 +205,112 @@ def _hotpot() -> _QASet:
             evidence.append((d, sentences[sent_id].strip()))
         if not ok or not evidence or not str(item.get("answer", "")).strip():
             continue
-        qas.append(_QA(
-            question=str(item["question"]).strip(),
-            answers=(str(item["answer"]).strip(),),
-            gold=tuple(gold),
-            related=tuple(i for i in indices if i not in gold),
-            evidence=tuple(evidence),
-        ))
+        qas.append(
+            _QA(
+                question=str(item["question"]).strip(),
+                answers=(str(item["answer"]).strip(),),
+                gold=tuple(gold),
+                related=tuple(i for i in indices if i not in gold),
+                evidence=tuple(evidence),
+            )
+        )
     return _QASet(tuple(docs), tuple(qas))
 
 
 # --------------------------------------------------------------------------- needles
 
 _ADJECTIVES = (
-    "amber", "ancient", "brave", "bright", "calm", "clever", "crimson", "curious", "damp", "eager", "elegant",
-    "fancy", "fierce", "gentle", "golden", "grumpy", "hollow", "humble", "icy", "jolly", "keen", "lively",
-    "lucky", "mellow", "misty", "noble", "odd", "pale", "quiet", "rapid", "rusty", "shiny", "silent", "silver",
-    "sleepy", "smooth", "spicy", "steady", "sturdy", "swift", "tender", "tidy", "velvet", "witty", "young",
+    "amber",
+    "ancient",
+    "brave",
+    "bright",
+    "calm",
+    "clever",
+    "crimson",
+    "curious",
+    "damp",
+    "eager",
+    "elegant",
+    "fancy",
+    "fierce",
+    "gentle",
+    "golden",
+    "grumpy",
+    "hollow",
+    "humble",
+    "icy",
+    "jolly",
+    "keen",
+    "lively",
+    "lucky",
+    "mellow",
+    "misty",
+    "noble",
+    "odd",
+    "pale",
+    "quiet",
+    "rapid",
+    "rusty",
+    "shiny",
+    "silent",
+    "silver",
+    "sleepy",
+    "smooth",
+    "spicy",
+    "steady",
+    "sturdy",
+    "swift",
+    "tender",
+    "tidy",
+    "velvet",
+    "witty",
+    "young",
 )
 _NOUNS = (
-    "anchor", "badger", "beacon", "bicycle", "canyon", "castle", "cedar", "comet", "compass", "dolphin",
-    "falcon", "fountain", "glacier", "harbor", "helmet", "island", "jackal", "kettle", "lantern", "lighthouse",
-    "maple", "meadow", "mirror", "nebula", "orchard", "otter", "parrot", "pebble", "pepper", "piano", "quartz",
-    "raven", "river", "saddle", "squirrel", "teapot", "thistle", "tiger", "tulip", "violin", "walrus", "willow",
-    "window", "zebra",
+    "anchor",
+    "badger",
+    "beacon",
+    "bicycle",
+    "canyon",
+    "castle",
+    "cedar",
+    "comet",
+    "compass",
+    "dolphin",
+    "falcon",
+    "fountain",
+    "glacier",
+    "harbor",
+    "helmet",
+    "island",
+    "jackal",
+    "kettle",
+    "lantern",
+    "lighthouse",
+    "maple",
+    "meadow",
+    "mirror",
+    "nebula",
+    "orchard",
+    "otter",
+    "parrot",
+    "pebble",
+    "pepper",
+    "piano",
+    "quartz",
+    "raven",
+    "river",
+    "saddle",
+    "squirrel",
+    "teapot",
+    "thistle",
+    "tiger",
+    "tulip",
+    "violin",
+    "walrus",
+    "willow",
+    "window",
+    "zebra",
 )
 
 
@@ -260,13 +344,19 @@ def _needle(key: str, value: str) -> str:
 
 # --------------------------------------------------------------------------- assembly
 
-_NIAH_HEAD = ("Some special magic numbers are hidden within the following text. Make sure to memorize them. "
-              "I will quiz you about the numbers afterwards.\n")
+_NIAH_HEAD = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize them. "
+    "I will quiz you about the numbers afterwards.\n"
+)
 _VT_HEAD = "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n"
-_QA_HEAD = ("Answer the question based on the given documents. Only give me the answer and do not output any "
-            "other words.\n\nThe following are given documents.\n\n")
-_QA_TAIL = ("\n\nAnswer the question based on the given documents. Only give me the answer and do not output "
-            "any other words.\n\nQuestion: ")
+_QA_HEAD = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any "
+    "other words.\n\nThe following are given documents.\n\n"
+)
+_QA_TAIL = (
+    "\n\nAnswer the question based on the given documents. Only give me the answer and do not output "
+    "any other words.\n\nQuestion: "
+)
 
 #: Tokens reserved for the chat template around the user message when sizing a prompt.
 _TEMPLATE_RESERVE = 24
@@ -291,11 +381,15 @@ def _fill_sentences(rng: random.Random, counter: _Counter, budget: int) -> list[
     return out
 
 
-def _insert_needles(rng: random.Random, haystack: list[str], needles: Sequence[str],
-                    ordered: bool = False) -> list[tuple[str, bool]]:
+def _insert_needles(
+    rng: random.Random, haystack: list[str], needles: Sequence[str], ordered: bool = False
+) -> list[tuple[str, bool]]:
     """Insert needles at random sentence boundaries; (sentence, is_needle) pairs."""
-    slots = sorted(rng.randrange(len(haystack) + 1) for _ in needles) if ordered else \
-        [rng.randrange(len(haystack) + 1) for _ in needles]
+    slots = (
+        sorted(rng.randrange(len(haystack) + 1) for _ in needles)
+        if ordered
+        else [rng.randrange(len(haystack) + 1) for _ in needles]
+    )
     items: list[tuple[str, bool]] = []
     by_slot: dict[int, list[str]] = {}
     for slot, needle in zip(slots, needles, strict=True):
@@ -348,9 +442,19 @@ def _haystack_sample(
     b.add("\n")
     b.add(question, "question")
     text = b.text()
-    return EvalSample(task=task, index=index, length=length, text=text, question=question,
-                      question_span=b.marks["question"][0], answers=answers, match=match,
-                      evidence=tuple(b.marks.get("evidence", [])), max_new_tokens=max_new_tokens, info=info)
+    return EvalSample(
+        task=task,
+        index=index,
+        length=length,
+        text=text,
+        question=question,
+        question_span=b.marks["question"][0],
+        answers=answers,
+        match=match,
+        evidence=tuple(b.marks.get("evidence", [])),
+        max_new_tokens=max_new_tokens,
+        info=info,
+    )
 
 
 def _niah_single(rng: random.Random, counter: _Counter, length: int, index: int) -> EvalSample:
@@ -362,8 +466,19 @@ def _niah_single(rng: random.Random, counter: _Counter, length: int, index: int)
     hay = _fill_sentences(rng, counter, max(budget, 16))
     items = _insert_needles(rng, hay, [needle])
     depth = next(i for i, (_, n) in enumerate(items) if n) / max(len(items) - 1, 1)
-    return _haystack_sample("niah_single", index, length, _NIAH_HEAD, items, {needle}, question, (value,), "all",
-                            24, {"key": key, "depth": round(depth, 3)})
+    return _haystack_sample(
+        "niah_single",
+        index,
+        length,
+        _NIAH_HEAD,
+        items,
+        {needle},
+        question,
+        (value,),
+        "all",
+        24,
+        {"key": key, "depth": round(depth, 3)},
+    )
 
 
 def _niah_multikey(rng: random.Random, counter: _Counter, length: int, index: int) -> EvalSample:
@@ -376,8 +491,19 @@ def _niah_multikey(rng: random.Random, counter: _Counter, length: int, index: in
     budget = length - counter.count(_NIAH_HEAD + " ".join(needles) + "\n" + question) - _TEMPLATE_RESERVE
     hay = _fill_sentences(rng, counter, max(budget, 16))
     items = _insert_needles(rng, hay, needles)
-    return _haystack_sample("niah_multikey", index, length, _NIAH_HEAD, items, {needles[asked]}, question,
-                            (values[asked],), "all", 24, {"key": keys[asked], "distractors": 3})
+    return _haystack_sample(
+        "niah_multikey",
+        index,
+        length,
+        _NIAH_HEAD,
+        items,
+        {needles[asked]},
+        question,
+        (values[asked],),
+        "all",
+        24,
+        {"key": keys[asked], "distractors": 3},
+    )
 
 
 def _niah_multivalue(rng: random.Random, counter: _Counter, length: int, index: int) -> EvalSample:
@@ -389,8 +515,19 @@ def _niah_multivalue(rng: random.Random, counter: _Counter, length: int, index: 
     budget = length - counter.count(_NIAH_HEAD + " ".join(needles) + "\n" + question) - _TEMPLATE_RESERVE
     hay = _fill_sentences(rng, counter, max(budget, 16))
     items = _insert_needles(rng, hay, needles)
-    return _haystack_sample("niah_multivalue", index, length, _NIAH_HEAD, items, set(needles), question,
-                            tuple(values), "all", 64, {"key": key})
+    return _haystack_sample(
+        "niah_multivalue",
+        index,
+        length,
+        _NIAH_HEAD,
+        items,
+        set(needles),
+        question,
+        tuple(values),
+        "all",
+        64,
+        {"key": key},
+    )
 
 
 def _variable_tracking(rng: random.Random, counter: _Counter, length: int, index: int) -> EvalSample:
@@ -407,8 +544,7 @@ def _variable_tracking(rng: random.Random, counter: _Counter, length: int, index
         names.append(chain_names)
         values.append(value)
     question = f"Question: Find all variables that are assigned the value {values[0]} in the text above."
-    budget = (length - counter.count(_VT_HEAD + " ".join(chains[0] + chains[1]) + "\n" + question)
-              - _TEMPLATE_RESERVE)
+    budget = length - counter.count(_VT_HEAD + " ".join(chains[0] + chains[1]) + "\n" + question) - _TEMPLATE_RESERVE
     hay = _fill_sentences(rng, counter, max(budget, 16))
     # Each chain keeps its order; the two chains interleave at random.
     first = _insert_needles(rng, hay, chains[0], ordered=True)
@@ -416,12 +552,24 @@ def _variable_tracking(rng: random.Random, counter: _Counter, length: int, index
     marked = {s for s, n in first if n}
     second = _insert_needles(rng, plain, chains[1], ordered=True)
     items = [(s, n or s in marked) for s, n in second]
-    return _haystack_sample("variable_tracking", index, length, _VT_HEAD, items, set(chains[0]), question,
-                            tuple(names[0]), "all", 48, {"value": values[0], "hops": 4, "distractor_chains": 1})
+    return _haystack_sample(
+        "variable_tracking",
+        index,
+        length,
+        _VT_HEAD,
+        items,
+        set(chains[0]),
+        question,
+        tuple(names[0]),
+        "all",
+        48,
+        {"value": values[0], "hops": 4, "distractor_chains": 1},
+    )
 
 
-def _qa(dataset: Literal["squad", "hotpot"], rng: random.Random, counter: _Counter, length: int,
-        index: int) -> EvalSample:
+def _qa(
+    dataset: Literal["squad", "hotpot"], rng: random.Random, counter: _Counter, length: int, index: int
+) -> EvalSample:
     qaset = _squad() if dataset == "squad" else _hotpot()
     qa = qaset.qas[rng.randrange(len(qaset.qas))]
     question = qa.question
@@ -463,10 +611,19 @@ def _qa(dataset: Literal["squad", "hotpot"], rng: random.Random, counter: _Count
     b.add(_QA_TAIL)
     b.add(question, "question")
     name = "qa_squad" if dataset == "squad" else "qa_hotpot"
-    return EvalSample(task=name, index=index, length=length, text=b.text(), question=question,
-                      question_span=b.marks["question"][0], answers=qa.answers, match="any",
-                      evidence=tuple(sorted(b.marks.get("evidence", []))), max_new_tokens=24,
-                      info={"documents": len(order)})
+    return EvalSample(
+        task=name,
+        index=index,
+        length=length,
+        text=b.text(),
+        question=question,
+        question_span=b.marks["question"][0],
+        answers=qa.answers,
+        match="any",
+        evidence=tuple(sorted(b.marks.get("evidence", []))),
+        max_new_tokens=24,
+        info={"documents": len(order)},
+    )
 
 
 _Generator = Callable[[random.Random, _Counter, int, int], EvalSample]
@@ -489,8 +646,7 @@ def task_names() -> list[str]:
 
 def _task_seed(seed: int, task: str, length: int, index: int) -> int:
     # A stable per-sample seed (Python's hash() of a str changes between processes).
-    return (seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(task)) * 7_919 + length * 131 + index) \
-        % (2**63)
+    return (seed * 1_000_003 + sum(ord(c) * 31**i for i, c in enumerate(task)) * 7_919 + length * 131 + index) % (2**63)
 
 
 def generate_samples(task: str, tokenizer: Any, *, length: int, count: int, seed: int = 0) -> list[EvalSample]:
