@@ -19,13 +19,15 @@ import importlib.resources
 import logging
 import os
 import sys
+import threading
+from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import PolicyError
+from .errors import InvalidRequestError, PolicyError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,6 +51,7 @@ __all__ = [
     "load_pipeline",
     "load_policy",
     "policy_dirs",
+    "resolve_pipeline",
 ]
 
 logger = logging.getLogger(__name__)
@@ -434,3 +437,62 @@ def load_pipeline(
         scorer = pol.build_scorer(draft_spec, **kwargs)
     logger.info("pipeline: policy %s, selector %s, scorer %s", pol.name, selector.name, scorer.name)
     return Pipeline(scorer, selector, backend, tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+
+# Framework components are cheap to create and frameworks create many; the models behind them load once.
+_CACHE: dict[tuple[Any, ...], Pipeline] = {}
+_LOCK = threading.Lock()
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def resolve_pipeline(
+    pipeline: Any,
+    *,
+    policy: str,
+    model: str,
+    draft: str | None = None,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    mode: str = "auto",
+    device: str = "auto",
+    dtype: str = "auto",
+    overrides: Mapping[str, Any] | None = None,
+) -> Pipeline:
+    """``pipeline`` when given, else the pipeline of ``policy`` over ``model``, built once per setting.
+
+    Framework adapters call this: their components are created often, their models must load once.
+
+    With ``base_url`` the target is a remote OpenAI-compatible server (`OpenAIBackend`, whose
+    tokenizer is ``model``'s); the draft model runs here.
+
+    Raises:
+        InvalidRequestError: ``pipeline`` is not a `Pipeline`.
+        PolicyError, ModelLoadError: from `specprefill_sdk.policies.load_pipeline`.
+    """
+    from .pipeline import Pipeline
+
+    if pipeline is not None:
+        if not isinstance(pipeline, Pipeline):
+            raise InvalidRequestError(f"pipeline must be a specprefill_sdk.Pipeline, got {type(pipeline).__name__}")
+        return pipeline
+    items = tuple(sorted((k, _frozen(v)) for k, v in (overrides or {}).items()))
+    key = (policy, model, draft, base_url, api_key, mode, device, dtype, items)
+    with _LOCK:
+        found = _CACHE.get(key)
+        if found is None:
+            backend: Backend | None = None
+            if base_url:
+                from .backends.openai import OpenAIBackend
+
+                remote = OpenAIBackend(base_url, model=model, tokenizer=model, mode=mode, api_key=api_key)  # type: ignore[arg-type]
+                backend = cast(Backend, remote)
+            found = load_pipeline(
+                policy, model=model, draft=draft, device=device, dtype=dtype, backend=backend, **dict(items)
+            )
+            _CACHE[key] = found
+        return found

@@ -242,3 +242,11 @@ def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -
     full = dense.generate(prompt, max_tokens=4)
     assert full.usage.kept_tokens == full.usage.prompt_tokens
     assert full.timings.score == 0.0
+
+
+def test_resolve_pipeline_passes_a_pipeline_through_and_refuses_other_objects() -> None:
+    from specprefill_sdk import InvalidRequestError
+    from specprefill_sdk.policies import resolve_pipeline
+
+    with pytest.raises(InvalidRequestError, match="must be a specprefill_sdk.Pipeline"):
+        resolve_pipeline(3, policy="paper", model="smollm2-135m")

@@ -14,10 +14,10 @@ from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.types import Completion, SamplingParams
 
 from ._messages import to_sdk_messages
-from ._pipeline import resolve_pipeline
 
 __all__ = ["ChatSpecPrefill"]
 

@@ -13,9 +13,8 @@ from pydantic import ConfigDict, Field, PrivateAttr
 
 from specprefill_sdk.interfaces import Selector
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.textmode import CompressedText, compress_documents
-
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillDocumentCompressor"]
 

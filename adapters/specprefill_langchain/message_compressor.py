@@ -11,9 +11,9 @@ from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 
 from ._messages import as_messages, compress_langchain_messages
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillMessageCompressor"]
 

@@ -11,9 +11,9 @@ from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResp
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, SystemMessage
 
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 
 from ._messages import compress_langchain_messages
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillMiddleware"]
 

@@ -26,10 +26,9 @@ from litellm.integrations.custom_logger import CustomLogger
 
 from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.textmode import compress_messages
 from specprefill_sdk.types import Message
-
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillCallback"]
 

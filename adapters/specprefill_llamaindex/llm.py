@@ -23,10 +23,9 @@ from llama_index.core.llms.custom import CustomLLM
 
 from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.prompt import PromptInput
 from specprefill_sdk.types import Completion, Message, SamplingParams
-
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillLLM"]
 

@@ -11,9 +11,8 @@ from llama_index.core.schema import ImageNode, MetadataMode, NodeWithScore, Quer
 
 from specprefill_sdk.interfaces import Selector
 from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.textmode import CompressedText, compress_documents
-
-from ._pipeline import resolve_pipeline
 
 __all__ = ["SpecPrefillNodePostprocessor"]
 
