@@ -248,5 +248,5 @@ def test_resolve_pipeline_passes_a_pipeline_through_and_refuses_other_objects() 
     from specprefill_sdk import InvalidRequestError
     from specprefill_sdk.policies import resolve_pipeline
 
-    with pytest.raises(InvalidRequestError, match="must be a specprefill_sdk.Pipeline"):
+    with pytest.raises(InvalidRequestError, match=r"must be a specprefill_sdk\.Pipeline"):
         resolve_pipeline(3, policy="paper", model="smollm2-135m")
