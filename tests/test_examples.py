@@ -1,0 +1,34 @@
+"""The quickstart example (what `make demo` runs) works end to end on the bundled model."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_quickstart_prints_both_runs_with_stats() -> None:
+    env = {**os.environ, "COLUMNS": "200", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "examples/quickstart.py", "--keep", "0.1", "--max-tokens", "8"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    dense = re.search(r"dense prefill\s*│\s*(\d+) / (\d+)", out)
+    sparse = re.search(r"SpecPrefill keep 0\.1\s*│\s*(\d+) / (\d+)", out)
+    assert dense and sparse, out
+    n = int(dense.group(2))
+    assert int(dense.group(1)) == n and int(sparse.group(2)) == n
+    assert 0 < int(sparse.group(1)) < 0.2 * n  # about a tenth kept, plus protected tokens
