@@ -11,9 +11,10 @@ nothing else of it is changed:
    slices them; transformers 5 returns a ``DynamicCache`` (``ValueError: too many values to
    unpack``). The model is wrapped so that it takes and returns the legacy tuples.
 
-LLMLingua returns text, not token indices. The kept tokens are recovered by aligning the compressed
-text to the prompt's tokens (in order, ignoring white space); the kept tokens are then prefilled at
-their original positions like every other method's, so only the choice of tokens differs.
+LLMLingua's own filter (``iterative_compress_prompt``, what ``compress_prompt`` runs for one context)
+returns the kept token ids, a subsequence of its tokenization of the context; matching them in order
+gives their characters, and the prompt tokens there are kept. They are prefilled at their original
+positions like every other method's, so only the choice of tokens differs.
 
 Example::
 
@@ -35,7 +36,7 @@ from ..errors import ModelLoadError
 from ..models import LoadedModel
 from ..types import Prompt, Selection
 
-__all__ = ["LLMLinguaSelector", "align_compressed_text"]
+__all__ = ["LLMLinguaSelector"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,36 +86,6 @@ class _LegacyCacheModel:
         return out
 
 
-def _strip(text: str) -> str:
-    return "".join(text.split())
-
-
-def align_compressed_text(pieces: Sequence[str], compressed: str) -> tuple[list[bool], float]:
-    """Which of the token strings ``pieces`` (in order) the ``compressed`` text keeps.
-
-    Greedy in-order matching with white space ignored: a piece is kept when the compressed text
-    continues with it. White-space-only pieces are kept when the next kept piece follows them.
-    Returns the kept flags and the share of the compressed text's characters that were matched.
-    """
-    target = _strip(compressed)
-    cursor = 0
-    kept = [False] * len(pieces)
-    pending: list[int] = []
-    for i, piece in enumerate(pieces):
-        bare = _strip(piece)
-        if not bare:
-            pending.append(i)
-            continue
-        if target.startswith(bare, cursor):
-            kept[i] = True
-            cursor += len(bare)
-            for j in pending:
-                kept[j] = True
-        pending = []
-    matched = cursor / len(target) if target else 1.0
-    return kept, matched
-
-
 class LLMLinguaSelector:
     """LLMLingua-1 token filtering with the draft model, as a selection of prompt tokens.
 
@@ -151,6 +122,43 @@ class LLMLinguaSelector:
         self.compressor.model = _LegacyCacheModel(self.compressor.model)
         self.last_match = 1.0
 
+    def _kept_characters(self, text: str, budget: int, spans: Sequence[tuple[int, int]], shift: int) -> list[bool]:
+        """Run LLMLingua's token filter on ``text``; flag the ``spans`` (shifted by ``shift``) it keeps.
+
+        The filter's kept token ids are a subsequence of its own tokenization of ``text``; matching ids
+        in order recovers their character spans exactly (text matching cannot: a kept piece of a
+        multi-byte character decodes to a replacement character, and short pieces match too early).
+        """
+        pc = self.compressor
+        kept_ids, _ = pc.iterative_compress_prompt([text], budget, iterative_size=200, keep_split=False, start=0,
+                                                   dynamic_ratio=[0.0], condition_compare=False, segments_info=[])
+        enc = pc.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        original = [int(t) for t in enc["input_ids"]]
+        offsets = [(int(x), int(y)) for x, y in enc["offset_mapping"]]
+        kept_chars: list[tuple[int, int]] = []
+        cursor = 0
+        matched = 0
+        wanted = [int(t) for t in kept_ids[0].tolist()]
+        for token in wanted:
+            while cursor < len(original) and original[cursor] != token:
+                cursor += 1
+            if cursor == len(original):
+                break
+            kept_chars.append(offsets[cursor])
+            matched += 1
+            cursor += 1
+        self.last_match = matched / len(wanted) if wanted else 1.0
+        if self.last_match < 0.99:
+            logger.warning("only %.0f%% of LLMLingua's kept tokens were found in order", 100 * self.last_match)
+        flags = []
+        j = 0
+        for start, end in spans:
+            start, end = start - shift, end - shift
+            while j < len(kept_chars) and kept_chars[j][1] <= start:
+                j += 1
+            flags.append(j < len(kept_chars) and kept_chars[j][0] < end and start < kept_chars[j][1])
+        return flags
+
     def select(self, prompt: Prompt, *, context: tuple[int, int], rate: float, forced: torch.Tensor) -> Selection:
         """Keep ``forced`` plus what LLMLingua keeps of the ``context`` characters of ``prompt.text``.
 
@@ -165,19 +173,7 @@ class LLMLinguaSelector:
         members = [i for i, (s, e) in enumerate(prompt.offsets) if e > s and s >= a and e <= b]
         keep = forced.clone()
         if budget > 0 and members:
-            text = prompt.text[a:b]
-            result = self.compressor.compress_prompt(
-                [text],
-                instruction="",
-                question="",
-                target_token=budget,
-                use_context_level_filter=False,
-            )
-            pieces = [prompt.text[prompt.offsets[i][0] : prompt.offsets[i][1]] for i in members]
-            flags, matched = align_compressed_text(pieces, str(result["compressed_prompt"]))
-            self.last_match = matched
-            if matched < 0.9:
-                logger.warning("only %.0f%% of LLMLingua's output could be aligned to the prompt", 100 * matched)
+            flags = self._kept_characters(prompt.text[a:b], budget, [prompt.offsets[i] for i in members], a)
             for i, flag in zip(members, flags, strict=True):
                 if flag:
                     keep[i] = True
