@@ -132,6 +132,9 @@ def test_interrupt_exits_cleanly() -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # A test run started in the background inherits an ignored SIGINT, and Python keeps it ignored:
+        # give the command the default disposition a terminal user has.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wchan = Path(f"/proc/{proc.pid}/wchan")
