@@ -130,8 +130,16 @@ class LLMLinguaSelector:
         multi-byte character decodes to a replacement character, and short pieces match too early).
         """
         pc = self.compressor
-        kept_ids, _ = pc.iterative_compress_prompt([text], budget, iterative_size=200, keep_split=False, start=0,
-                                                   dynamic_ratio=[0.0], condition_compare=False, segments_info=[])
+        kept_ids, _ = pc.iterative_compress_prompt(
+            [text],
+            budget,
+            iterative_size=200,
+            keep_split=False,
+            start=0,
+            dynamic_ratio=[0.0],
+            condition_compare=False,
+            segments_info=[],
+        )
         enc = pc.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         original = [int(t) for t in enc["input_ids"]]
         offsets = [(int(x), int(y)) for x, y in enc["offset_mapping"]]
