@@ -490,7 +490,7 @@ def resolve_pipeline(
                 from .backends.openai import OpenAIBackend
 
                 remote = OpenAIBackend(base_url, model=model, tokenizer=model, mode=mode, api_key=api_key)  # type: ignore[arg-type]
-                backend = cast(Backend, remote)
+                backend = cast("Backend", remote)
             found = load_pipeline(
                 policy, model=model, draft=draft, device=device, dtype=dtype, backend=backend, **dict(items)
             )
