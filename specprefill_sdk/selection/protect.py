@@ -11,7 +11,7 @@ import torch
 from ..errors import InvalidRequestError
 from ..interfaces import Selector
 from ..types import TEMPLATE_ROLE, Prompt, Selection, TokenScores
-from .base import FillSelector, check_int, dense_selection, prompt_protected, selection_from_mask
+from .base import FillSelector, bool_tensor, check_int, dense_selection, prompt_protected, selection_from_mask
 
 __all__ = ["TEXT_TAIL_TOKENS", "Protect"]
 
@@ -129,7 +129,7 @@ class Protect:
                 mask[max(0, n - tail) :] = True
         if self.roles:
             wanted = set(self.roles)
-            mask |= torch.tensor([r in wanted for r in prompt.roles], dtype=torch.bool)
+            mask |= bool_tensor([r in wanted for r in prompt.roles])
         if self.last_user_turn and prompt.messages:
             users = [i for i, m in enumerate(prompt.messages) if m.role == "user"]
             if users:
@@ -139,10 +139,8 @@ class Protect:
                 [any(a < e and s < b for s, e in self.spans) for a, b in prompt.offsets], dtype=torch.bool
             )
         if self.special_tokens:
-            mask |= torch.tensor(
-                [s or r == TEMPLATE_ROLE for s, r in zip(prompt.special, prompt.roles, strict=True)],
-                dtype=torch.bool,
-            )
+            template = bool_tensor([r == TEMPLATE_ROLE for r in prompt.roles])
+            mask |= bool_tensor(prompt.special) | template
         return mask
 
     def decide_without_scores(self, prompt: Prompt) -> Selection | None:
