@@ -296,6 +296,8 @@ def bench_pair(
         la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer)
         for la in args.look_aheads
     }
+    check_n = min(args.lengths)
+    sink({"pair": pair, "exactness": exactness(pair, target, draft, backend, check_n, max(args.look_aheads))})
     vocab = min(target.model.config.vocab_size, draft.model.config.vocab_size)
     gen = torch.Generator().manual_seed(1234)
     for n in args.lengths:
@@ -343,14 +345,22 @@ def bench_length(
     row["score"] = {}
     for la, scorer in scorers.items():
         score_ms, runs = bench.median(partial(scorer.score, prompt))
-        peak = peak_extra(dev, partial(scorer.score, prompt))
+        # Cold: buffers and graph kept between calls are freed first, so their allocation counts.
+        peak = peak_extra(dev, partial(cold_score, scorer, prompt))
+        held = held_after(dev, partial(cold_score, scorer, prompt))
         row["score"][la] = {
             "ms": score_ms,
             "runs": runs,
             "ratio_to_draft_prefill": score_ms / draft_ms,
             "peak_mib": peak,
             "peak_ratio": peak / draft_peak if draft_peak else float("nan"),
+            "held_between_calls_mib": held,
         }
+        if la > 1:
+            eager = scorer.with_options()
+            eager.cuda_graph = False
+            eager_ms, eager_runs = bench.median(partial(eager.score, prompt))
+            row["score"][la]["no_graph_ms"], row["score"][la]["no_graph_runs"] = eager_ms, eager_runs
     row["cells"] = []
     for rate in args.keep_rates:
         scores = scorers[args.look_aheads[0]].score(prompt)
@@ -402,6 +412,87 @@ def bench_length(
                 ceiling,
             )
     return row
+
+
+def cold_score(scorer: DraftAttentionScorer, prompt: Prompt) -> Any:
+    scorer.release()
+    return scorer.score(prompt)
+
+
+def held_after(device: torch.device, fn: Callable[[], Any]) -> float:
+    """Memory (MiB) still allocated after ``fn`` returns, above what was allocated before it."""
+    if device.type != "cuda":
+        return float("nan")
+    sync(device)
+    gc.collect()
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    gc.collect()
+    return (torch.cuda.memory_allocated(device) - base) / 2**20
+
+
+def exactness(
+    pair: str, target: LoadedModel, draft: LoadedModel, backend: TransformersBackend, n: int, look_ahead: int
+) -> dict[str, Any]:
+    """On this device: graph vs eager vs step-by-step look-ahead scores; unmasked vs masked kept prefill."""
+    vocab = min(target.model.config.vocab_size, draft.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(7)
+    prompt = Prompt.from_token_ids(torch.randint(1000, vocab - 1000, (n,), generator=gen).tolist())
+    graph = DraftAttentionScorer(draft, look_ahead=look_ahead, target_tokenizer=target.tokenizer)
+    eager = graph.with_options()
+    eager.cuda_graph = False
+    stepwise = graph.with_options()
+    stepwise._static = False
+    first, replayed = graph.score(prompt), graph.score(prompt)  # capture, then replay only
+    plain, stepped = eager.score(prompt), stepwise.score(prompt)
+    graph.release()
+
+    def rel(a: Any, b: Any) -> float:
+        return float((a.values - b.values).abs().max() / b.values.abs().max())
+
+    def same(a: Any, b: Any) -> bool:
+        return bool(a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"])
+
+    kept = CompressedPrompt.from_selection(prompt, selector(0.1).select(prompt, plain))
+    state = backend.prefill(kept)
+    dev = target.device
+    ids = torch.tensor([kept.token_ids], device=dev)
+    pos = torch.tensor([kept.position_ids], device=dev)
+    mask = (pos[:, None, :] <= pos[:, :, None])[:, None]
+    from transformers import DynamicCache
+
+    with torch.inference_mode():
+        masked = (
+            target.model(
+                input_ids=ids,
+                position_ids=pos,
+                attention_mask=mask,
+                use_cache=True,
+                logits_to_keep=1,
+                **{_cache_kw(target.model): DynamicCache(config=target.model.config)},
+            )
+            .logits[0, -1]
+            .float()
+        )
+    fast = state.logits[0].float()
+    result = {
+        "pair": pair,
+        "n": n,
+        "look_ahead": look_ahead,
+        "graph_first_vs_eager_rel": rel(first, plain),
+        "graph_replay_vs_eager_rel": rel(replayed, plain),
+        "graph_tokens_equal_eager": same(first, plain) and same(replayed, plain),
+        "fixed_buffers_vs_stepwise_rel": rel(plain, stepped),
+        "fixed_buffers_tokens_equal_stepwise": same(plain, stepped),
+        "kept": kept.kept,
+        "unmasked_vs_masked_kept_logits_max_abs": float((fast - masked).abs().max()),
+        "kept_logits_max_abs": float(masked.abs().max()),
+        "unmasked_vs_masked_argmax_equal": bool(fast.argmax() == masked.argmax()),
+    }
+    logger.info("exactness %s", result)
+    return result
 
 
 @torch.inference_mode()
@@ -518,22 +609,43 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "## Scoring against a plain draft prefill",
             "",
-            "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | draft peak MiB "
-            "| scoring peak MiB | memory ratio |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| pair | n | draft prefill ms | look-ahead | scoring ms | time ratio | without CUDA graph ms "
+            "| draft peak MiB | scoring peak MiB | memory ratio | held between calls MiB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
     for row in result["rows"]:
         for la, s in row.get("score", {}).items():
+            no_graph = f"{s['no_graph_ms']:.1f}" if "no_graph_ms" in s else "-"
+            held = s.get("held_between_calls_mib", float("nan"))
             lines.append(
                 f"| {row['pair']} | {row['n']} | {row['draft_prefill_ms']:.1f} | {la} | {s['ms']:.1f} | "
-                f"{s['ratio_to_draft_prefill']:.2f}x | {row['draft_prefill_peak_mib']:.0f} | "
-                f"{s['peak_mib']:.0f} | {s['peak_ratio']:.3f} |"
+                f"{s['ratio_to_draft_prefill']:.2f}x | {no_graph} | {row['draft_prefill_peak_mib']:.0f} | "
+                f"{s['peak_mib']:.0f} | {s['peak_ratio']:.3f} | {held:.0f} |"
+            )
+    checks = [r["exactness"] for r in result["rows"] if "exactness" in r]
+    if checks:
+        lines += [
+            "",
+            "## Exactness on this device (bf16)",
+            "",
+            "| pair | n | look-ahead | graph vs eager (first call / replay), max rel | same look-ahead tokens "
+            "| fixed buffers vs step-by-step, max rel | same tokens | kept prefill: unmasked vs masked logits, "
+            "max abs (of max) | same argmax |",
+            "|---|---:|---:|---|---|---:|---|---|---|",
+        ]
+        for c in checks:
+            lines.append(
+                f"| {c['pair']} | {c['n']} | {c['look_ahead']} | {c['graph_first_vs_eager_rel']:.2e} / "
+                f"{c['graph_replay_vs_eager_rel']:.2e} | {c['graph_tokens_equal_eager']} | "
+                f"{c['fixed_buffers_vs_stepwise_rel']:.2e} | {c['fixed_buffers_tokens_equal_stepwise']} | "
+                f"{c['unmasked_vs_masked_kept_logits_max_abs']:.3g} ({c['kept_logits_max_abs']:.3g}) | "
+                f"{c['unmasked_vs_masked_argmax_equal']} |"
             )
     backend_rows = [r for r in result["rows"] if "full_backend_ms" in r]
     if backend_rows:
         lines += [
             "",
-            "## Dense prompt: plain forward vs the backend's masked, chunked prefill",
+            "## Dense prompt: plain forward vs the backend's prefill",
             "",
             "| pair | n | plain ms | backend ms |",
             "|---|---:|---:|---:|",

@@ -218,3 +218,23 @@ def test_self_information_finds_repeated_text_predictable(smollm):
     values = SelfInformationScorer(smollm).score_batch([prompt])[0].values
     half = prompt.n // 2
     assert float(values[half + 2 :].mean()) < 0.5 * float(values[1:half].mean())
+
+
+def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smollm_fp32, texts):
+    """Global-attention drafts decode over fixed buffers and score all look-ahead queries at once."""
+    assert fp32_scorer._static  # SmolLM2 (Llama): every layer attends globally
+    stepwise = fp32_scorer.with_options()
+    stepwise._static = False  # the growing-cache path that windowed models take
+    tok = smollm_fp32.tokenizer
+    prompts = [build_prompt(tok, [{"role": "user", "content": t + "\nSummarize."}]) for t in texts]
+    fixed, grown = fp32_scorer.score_batch(prompts), stepwise.score_batch(prompts)
+    for a, b in zip(fixed, grown, strict=True):
+        assert a.info["look_ahead"] == b.info["look_ahead"] == 8
+        assert a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"]
+        assert_matches(a.values, b.values)
+    assert fp32_scorer._runner is None  # buffers are kept between calls only for CUDA graphs
+
+
+def test_windowed_drafts_keep_the_step_by_step_path(tokenizer):
+    assert not DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=3)._static
+    assert DraftAttentionScorer(_tiny("qwen2", tokenizer), look_ahead=3)._static

@@ -27,11 +27,13 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 
-__all__ = ["ScoreCollector", "install", "pool_rows", "skipped_layers"]
+__all__ = ["QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE: contextvars.ContextVar[ScoreCollector | None] = contextvars.ContextVar("specprefill_scoring", default=None)
+_ACTIVE: contextvars.ContextVar[ScoreCollector | QueryRecorder | None] = contextvars.ContextVar(
+    "specprefill_scoring", default=None
+)
 _PREFIX = "specprefill_"
 #: implementations the hook can wrap (the base it delegates to) -> the registered name
 _WRAPPED = {"sdpa": _PREFIX + "sdpa", "eager": _PREFIX + "eager"}
@@ -100,6 +102,9 @@ class ScoreCollector:
         self.step = 0
         self.seq_len = prompt_len
         self.layers_seen: set[int] = set()
+        #: called with ``(layer, key, value)`` for every layer of the prompt prefill (step 0), skipped
+        #: layers included: `StaticLookAhead` copies the prompt's keys and values into its buffers.
+        self.kv_sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
 
     def begin_step(self, step: int) -> None:
         """Prepare for the forward pass whose last query is query ``step`` (0: the last prompt token)."""
@@ -120,12 +125,15 @@ class ScoreCollector:
         module: Any,
         query: torch.Tensor,
         key: torch.Tensor,
+        value: torch.Tensor,
         scaling: float | None,
         sliding_window: int | None,
         softcap: float | None,
     ) -> None:
         """Add one layer's contribution for the current query (the last query row of this call)."""
         layer = getattr(module, "layer_idx", None)
+        if self.kv_sink is not None and self.step == 0 and layer is not None:
+            self.kv_sink(int(layer), key, value)
         if layer in self.skip:
             return
         if layer is not None:
@@ -161,6 +169,69 @@ class ScoreCollector:
         target = self.best[:, self.step]
         torch.maximum(target, pooled, out=target)
 
+    def observe_queries(self, layer: int, queries: torch.Tensor, key: torch.Tensor, scaling: float, first: int) -> None:
+        """Add one layer's contribution for several queries at once.
+
+        ``queries`` (``[B, H, J, d]``, post-RoPE) are queries ``first .. first + J - 1``; ``key``
+        (``[B, KVH, >= prompt_len, d]``) holds the prompt's keys in its first ``prompt_len`` slots. Only
+        for models whose every layer attends globally without a logit soft-cap (what `StaticLookAhead`
+        accepts): the result is the one `observe` gives query by query.
+        """
+        if layer in self.skip:
+            return
+        self.layers_seen.add(layer)
+        batch, heads, count, dim = queries.shape
+        k = key[:, :, : self.prompt_len, :].float()
+        kv_heads = k.shape[1]
+        groups = heads // kv_heads
+        q = queries.float().reshape(batch, kv_heads, groups * count, dim)
+        logits = torch.matmul(q, k.transpose(-1, -2)).view(batch, heads, count, self.prompt_len) * scaling
+        logits = logits.masked_fill(~self.valid[:, :, None, :], float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        pooled = pool_rows(probs.view(batch, heads * count, self.prompt_len), self.valid, self.pool_kernel)
+        best = pooled.view(batch, heads, count, self.prompt_len).amax(dim=1)  # [B, J, P]
+        target = self.best[:, first : first + count]
+        torch.maximum(target, best, out=target)
+
+
+class QueryRecorder:
+    """Stores each layer's last post-RoPE query row into a fixed buffer, at the slot ``index`` holds.
+
+    Active (like a `ScoreCollector`) while `StaticLookAhead` runs a decode step, including the one a
+    CUDA graph captures: it only issues in-place device copies indexed by a device tensor, so every
+    replay of the graph writes the query of its own step.
+    """
+
+    def __init__(self, queries: dict[int, torch.Tensor], index: torch.Tensor) -> None:
+        self.queries = queries  # layer -> [B, H, J, d]
+        self.index = index  # [1] long: the step being run
+        self.scaling: dict[int, float] = {}
+
+    def observe(
+        self,
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        scaling: float | None,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> None:
+        layer = getattr(module, "layer_idx", None)
+        if layer is None or int(layer) not in self.queries:
+            return
+        store = self.queries[int(layer)]
+        self.scaling[int(layer)] = scaling if scaling is not None else query.shape[-1] ** -0.5
+        store.index_copy_(2, self.index, query[:, :, -1:, :].to(store.dtype))
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[QueryRecorder]:
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
 
 def _eager_function(module: Any) -> Callable[..., Any]:
     fn = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
@@ -185,7 +256,7 @@ def _make_wrapper(base: str) -> Callable[..., Any]:
         if collector is not None:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
             window = kwargs.get("sliding_window")
-            collector.observe(module, query, key, scaling, window, kwargs.get("softcap"))
+            collector.observe(module, query, key, value, scaling, window, kwargs.get("softcap"))
         fn = ALL_ATTENTION_FUNCTIONS[base] if base != "eager" else _eager_function(module)
         return fn(module, query, key, value, attention_mask, *args, **kwargs)
 

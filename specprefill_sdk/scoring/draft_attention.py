@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from ..models import DEFAULT_MODEL, LoadedModel, load_model
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import ScoreCollector, install, skipped_layers
+from ._lookahead import StaticLookAhead, supports_static_look_ahead
 
 __all__ = ["DraftAttentionScorer"]
 
@@ -57,6 +59,13 @@ class DraftAttentionScorer:
             directly, others are re-tokenized.
         max_batch_tokens: `score_batch` runs prompts of similar length together while
             ``batch size x longest prompt`` stays within this many tokens.
+        cuda_graph: on a CUDA device, replay the look-ahead decode steps as a CUDA graph (captured on
+            first use, kept for later prompts that fit; `release` frees it). The steps then cost
+            about what their memory traffic costs instead of what launching them costs.
+
+    For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
+    over fixed buffers and all look-ahead queries are scored at once after the last step; other
+    models decode step by step over a growing cache. Both give the same scores.
 
     Sliding-window layers (Gemma 2/3, Qwen2 with ``use_sliding_window``) do not count when the model
     also has full-attention layers; when every layer is windowed (Mistral), each layer counts with its
@@ -80,8 +89,10 @@ class DraftAttentionScorer:
         dtype: str | torch.dtype | None = "auto",
         target_tokenizer: Any = None,
         max_batch_tokens: int = 16384,
+        cuda_graph: bool = True,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
+        self.cuda_graph = bool(cuda_graph)
         self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
         self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
         if isinstance(draft, LoadedModel):
@@ -95,6 +106,9 @@ class DraftAttentionScorer:
         # transformers renamed the cache argument (``past_key_values`` -> ``cache``) in 5.2x.
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
+        self._static = supports_static_look_ahead(model)
+        self._runner: StaticLookAhead | None = None
+        self._runner_lock = threading.Lock()
         self.target_tokenizer = target_tokenizer
         self._same_vocab: bool | None = (
             None if target_tokenizer is None else same_vocabulary(self.loaded.tokenizer, target_tokenizer)
@@ -119,7 +133,13 @@ class DraftAttentionScorer:
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
             target_tokenizer=self.target_tokenizer,
             max_batch_tokens=self.max_batch_tokens,
+            cuda_graph=self.cuda_graph,
         )
+
+    def release(self) -> None:
+        """Free the look-ahead buffers and CUDA graph kept between calls (they are rebuilt when needed)."""
+        with self._runner_lock:
+            self._runner = None
 
     def score(self, prompt: Prompt) -> TokenScores:
         """One fp32 score per prompt token (larger: more important)."""
@@ -184,9 +204,11 @@ class DraftAttentionScorer:
                 groups.append([i])
         return groups
 
-    def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
-        """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
-        model, device = self.loaded.model, self.loaded.device
+    def _padded(
+        self, batch: list[tuple[int, ...]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Left-padded ids, lengths, padding, and (for a batch) the 2-D mask and positions."""
+        device = self.loaded.device
         lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.long, device=device)
         size, width = len(batch), int(lengths.max())
         pad = width - lengths
@@ -201,6 +223,17 @@ class DraftAttentionScorer:
             columns = torch.arange(width, device=device)
             attention_mask = (columns[None, :] >= pad[:, None]).long()
             position_ids = (columns[None, :] - pad[:, None]).clamp_min(0)
+        return input_ids, lengths, pad, attention_mask, position_ids
+
+    def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
+        limit = self.loaded.max_context
+        steps = min(self.look_ahead - 1, limit - min(len(ids) for ids in batch))
+        if self._static and steps > 0:
+            return self._score_ids_static(batch, steps)
+        model, device = self.loaded.model, self.loaded.device
+        input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
+        size, width = input_ids.shape
         collector = ScoreCollector(
             pad=pad,
             prompt_len=width,
@@ -211,7 +244,6 @@ class DraftAttentionScorer:
         )
         used = torch.ones(size, dtype=torch.long, device=device)
         generated: list[torch.Tensor] = []
-        limit = self.loaded.max_context
         from transformers import DynamicCache
 
         cache = {self._cache_arg: DynamicCache(config=model.config)}
@@ -251,10 +283,84 @@ class DraftAttentionScorer:
                 f"{type(model).__name__} did not route its attention through transformers' AttentionInterface; "
                 "it cannot be used as a draft"
             )
-        steps = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in range(size)]
+        tokens = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in range(size)]
         results = []
         for b in range(size):
             n_used = int(used[b])
             values = collector.best[b, :n_used, int(pad[b]) :].mean(dim=0)
-            results.append((values.cpu(), n_used, tuple(int(t) for t in steps[b][: n_used - 1])))
+            results.append((values.cpu(), n_used, tuple(int(t) for t in tokens[b][: n_used - 1])))
+        return results
+
+    def _runner_for(self, size: int, width: int, steps: int) -> StaticLookAhead:
+        keep = self.cuda_graph and self.loaded.device.type == "cuda"
+        runner = self._runner
+        if keep and runner is not None and runner.fits(size, width, steps):
+            return runner
+        self._runner = None  # free the old buffers before allocating new ones
+        capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
+        runner = StaticLookAhead(self.loaded.model, size, capacity, steps, cuda_graph=keep)
+        if keep:
+            self._runner = runner
+        return runner
+
+    def _score_ids_static(
+        self, batch: list[tuple[int, ...]], steps: int
+    ) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """`_score_ids` for global-attention drafts: look-ahead over fixed buffers, queries scored at once."""
+        model, device = self.loaded.model, self.loaded.device
+        input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
+        size, width = input_ids.shape
+        collector = ScoreCollector(
+            pad=pad,
+            prompt_len=width,
+            num_queries=1 + steps,
+            pool_kernel=self.pool_kernel,
+            skip=self._skip,
+            device=device,
+        )
+        with self._runner_lock:
+            runner = self._runner_for(size, width, steps)
+            written: set[int] = set()
+
+            def sink(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+                written.add(layer)
+                runner.write_prompt_kv(layer, key, value)
+
+            collector.kv_sink = sink
+            with torch.inference_mode():
+                with collector.active():
+                    collector.begin_step(0)
+                    out = model(
+                        input_ids=input_ids,
+                        attention_mask=attention_mask,
+                        position_ids=position_ids,
+                        use_cache=False,
+                        logits_to_keep=1,
+                    )
+                if not collector.layers_seen:
+                    raise SpecPrefillError(
+                        f"{type(model).__name__} did not route its attention through transformers' "
+                        "AttentionInterface; it cannot be used as a draft"
+                    )
+                if len(written) != len(runner.keys):
+                    raise SpecPrefillError(
+                        f"{type(model).__name__} ran attention in {len(written)} of {len(runner.keys)} layers; "
+                        "it cannot be used as a draft"
+                    )
+                first = out.logits[:, -1].argmax(-1)
+                tokens = runner.run(first, lengths, pad, width)
+                for layer, queries in runner.queries.items():
+                    collector.observe_queries(layer, queries, runner.keys[layer], runner.recorder.scaling[layer], 1)
+                generated = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
+            best = collector.best
+        eos = set(self.loaded.eos_token_ids)
+        limit = self.loaded.max_context
+        results = []
+        for b in range(size):
+            allowed = min(steps, limit - int(lengths[b]))
+            n_used = 1
+            while n_used <= allowed and generated[b][n_used - 1] not in eos:
+                n_used += 1
+            values = best[b, :n_used, int(pad[b]) :].mean(dim=0)
+            results.append((values.cpu(), n_used, tuple(generated[b][: n_used - 1])))
         return results
