@@ -347,7 +347,7 @@ def bench_length(
         score_ms, runs = bench.median(partial(scorer.score, prompt))
         # Cold: buffers and graph kept between calls are freed first, so their allocation counts.
         peak = peak_extra(dev, partial(cold_score, scorer, prompt))
-        held = held_after(dev, partial(cold_score, scorer, prompt))
+        held = held_after(dev, scorer, prompt)
         row["score"][la] = {
             "ms": score_ms,
             "runs": runs,
@@ -419,15 +419,16 @@ def cold_score(scorer: DraftAttentionScorer, prompt: Prompt) -> Any:
     return scorer.score(prompt)
 
 
-def held_after(device: torch.device, fn: Callable[[], Any]) -> float:
-    """Memory (MiB) still allocated after ``fn`` returns, above what was allocated before it."""
+def held_after(device: torch.device, scorer: DraftAttentionScorer, prompt: Prompt) -> float:
+    """Memory (MiB) a scorer keeps allocated between calls (look-ahead buffers and CUDA graph)."""
     if device.type != "cuda":
         return float("nan")
+    scorer.release()
     sync(device)
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated(device)
-    fn()
+    scorer.score(prompt)
     sync(device)
     gc.collect()
     return (torch.cuda.memory_allocated(device) - base) / 2**20
@@ -446,7 +447,7 @@ def exactness(
     stepwise = graph.with_options()
     stepwise._static = False
     first, replayed = graph.score(prompt), graph.score(prompt)  # capture, then replay only
-    plain, stepped = eager.score(prompt), stepwise.score(prompt)
+    plain, again, stepped = eager.score(prompt), eager.score(prompt), stepwise.score(prompt)
     graph.release()
 
     def rel(a: Any, b: Any) -> float:
@@ -481,6 +482,8 @@ def exactness(
         "pair": pair,
         "n": n,
         "look_ahead": look_ahead,
+        "eager_run_to_run_rel": rel(again, plain),
+        "eager_run_to_run_tokens_equal": same(again, plain),
         "graph_first_vs_eager_rel": rel(first, plain),
         "graph_replay_vs_eager_rel": rel(replayed, plain),
         "graph_tokens_equal_eager": same(first, plain) and same(replayed, plain),
@@ -628,14 +631,16 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "## Exactness on this device (bf16)",
             "",
-            "| pair | n | look-ahead | graph vs eager (first call / replay), max rel | same look-ahead tokens "
+            "| pair | n | look-ahead | eager vs eager, max rel | graph vs eager (first call / replay), max rel "
+            "| same look-ahead tokens "
             "| fixed buffers vs step-by-step, max rel | same tokens | kept prefill: unmasked vs masked logits, "
             "max abs (of max) | same argmax |",
-            "|---|---:|---:|---|---|---:|---|---|---|",
+            "|---|---:|---:|---|---|---|---:|---|---|---|",
         ]
         for c in checks:
             lines.append(
-                f"| {c['pair']} | {c['n']} | {c['look_ahead']} | {c['graph_first_vs_eager_rel']:.2e} / "
+                f"| {c['pair']} | {c['n']} | {c['look_ahead']} | {c['eager_run_to_run_rel']:.2e} | "
+                f"{c['graph_first_vs_eager_rel']:.2e} / "
                 f"{c['graph_replay_vs_eager_rel']:.2e} | {c['graph_tokens_equal_eager']} | "
                 f"{c['fixed_buffers_vs_stepwise_rel']:.2e} | {c['fixed_buffers_tokens_equal_stepwise']} | "
                 f"{c['unmasked_vs_masked_kept_logits_max_abs']:.3g} ({c['kept_logits_max_abs']:.3g}) | "

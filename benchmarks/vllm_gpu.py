@@ -9,6 +9,9 @@ llama    a small random-weight Llama: VLLMBackend at keep 1.0 against vanilla vL
          and without the layout salt.
 qwen2    a small random-weight Qwen2 under a KV cache small enough to force preemptions: every
          compressed request against TransformersBackend.
+serve    `vllm serve` with the plugin (entry point) in its own processes, driven over HTTP by
+         OpenAIBackend(wire="vllm"): kept ids + positions against TransformersBackend, streaming,
+         a control without layout and a malformed layout.
 speed    Llama-3.1-8B architecture (random weights) in vLLM, a Llama-3.2-1B-architecture draft
          (random weights, transformers) on the same GPU; prompts of 8K/16K/32K tokens, keep 0.1:
          TTFT vanilla vs SpecPrefill with the ceiling of the same run, and requests/s within a TTFT
@@ -415,6 +418,117 @@ def stage_llama(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
     return result
 
 
+def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 60.0) -> tuple[int, Any]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            raw = resp.read().decode()
+            return resp.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as err:
+        raw = err.read().decode()
+        try:
+            return err.code, json.loads(raw)
+        except ValueError:
+            return err.code, raw
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as err:
+        return 0, str(err)
+
+
+def stage_serve(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
+    """`vllm serve` (its own processes, plugin loaded through the entry point) driven over HTTP.
+
+    `OpenAIBackend(wire="vllm")` sends kept ids + positions as ``vllm_xargs`` with the layout's
+    ``cache_salt``; its greedy tokens are compared with TransformersBackend's at the same positions.
+    Controls: the same ids without a layout (compact positions) and a malformed layout.
+    """
+    import subprocess
+
+    from specprefill_sdk.backends.openai import OpenAIBackend
+    from specprefill_sdk.backends.transformers import TransformersBackend
+    from specprefill_sdk.backends.vllm.layout import vllm_completion_body
+    from specprefill_sdk.models import load_model
+    from specprefill_sdk.types import CompressedPrompt, SamplingParams
+
+    path = make_model("llama", Path("/tmp/models/tiny-llama"), tokenizer_dir, seed=1)
+    rng = np.random.default_rng(5)
+    prompts = [random_prompt(n, rng) for n in (1400, 1900)]
+    cps = [compressed(prompts[0], chunk_keep(1400, 0.2, rng)), compressed(prompts[1], chunk_keep(1900, 0.1, rng))]
+    params = SamplingParams(max_tokens=16)
+    hf_loaded = load_model(str(path), device="cuda", dtype="bfloat16", progress=False)
+    hf = TransformersBackend(hf_loaded)
+    want = [hf.generate(cp, params).token_ids for cp in cps]
+    compact = [
+        hf.generate(CompressedPrompt(token_ids=cp.token_ids, position_ids=tuple(range(cp.kept)), n=cp.kept), params)
+        for cp in cps
+    ]
+    del hf, hf_loaded
+    gc.collect()
+    torch.cuda.empty_cache()
+
+    port = 8011
+    base = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(path),
+        "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-llama",
+        "--max-model-len", "4096", "--gpu-memory-utilization", "0.25", "--enable-prefix-caching", "--seed", "0",
+    ]  # fmt: skip
+    log_path = out / "vllm_serve_log.txt"
+    result: dict[str, Any] = {"command": " ".join(cmd[1:]), "checks": []}
+    checks = result["checks"]
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        try:
+            while time.monotonic() - t0 < 300:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"vllm serve exited with {proc.returncode} (see {log_path.name})")
+                if _http("GET", base + "/health", timeout=5)[0] == 200:
+                    break
+                time.sleep(2)
+            else:
+                raise RuntimeError("vllm serve did not become healthy in 300 s")
+            result["startup_s"] = round(time.monotonic() - t0, 1)
+            backend = OpenAIBackend(base + "/v1", model="tiny-llama", mode="positions", wire="vllm", max_context=4096)
+            for i, cp in enumerate(cps):
+                got = backend.generate(cp, params)
+                checks.append(compare(f"HTTP keep {cp.keep_ratio:.2f} vs transformers #{i}", got.token_ids, want[i]))
+                result.setdefault("usage", []).append(vars(got.usage))
+                streamed = tuple(t for ch in backend.stream(cp, params) for t in ch.token_ids)
+                checks.append(compare(f"HTTP stream #{i} vs transformers", streamed, want[i]))
+            body = vllm_completion_body(cps[0], params, "tiny-llama", stream=False)
+            result["wire_example_keys"] = sorted(body)
+            result["wire_example_vllm_xargs_keys"] = sorted(body.get("vllm_xargs", {}))
+            plain = {k: v for k, v in body.items() if k not in ("vllm_xargs", "cache_salt")}
+            status, payload = _http("POST", base + "/v1/completions", plain)
+            ids = tuple(payload["choices"][0].get("token_ids") or ()) if status == 200 else ()
+            row = compare("control: same ids without layout vs transformers at compact positions", ids,
+                          compact[0].token_ids)  # fmt: skip
+            row["control"] = "without vllm_xargs the server runs the ids at 0..K-1"
+            checks.append(row)
+            bad = json.loads(json.dumps(body))
+            xargs = bad["vllm_xargs"]
+            key = next(k for k, v in xargs.items() if isinstance(v, list))
+            xargs[key] = [*xargs[key][:-1], -5]
+            status, payload = _http("POST", base + "/v1/completions", bad)
+            result["malformed_layout"] = {"status": status, "body": payload}
+            result["healthy_after_malformed"] = _http("GET", base + "/health", timeout=10)[0] == 200
+            if result["healthy_after_malformed"]:
+                again = backend.generate(cps[1], params)
+                checks.append(compare("HTTP after the malformed request #1", again.token_ids, want[1]))
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    result["log_tail"] = log_path.read_text()[-3000:]
+    return result
+
+
 def stage_qwen2(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
     import vllm  # noqa: F401  (the engine below needs it importable)
 
@@ -760,6 +874,8 @@ def main() -> int:
                 res = stage_kernel(args.out)
             elif stage == "llama":
                 res = stage_llama(args.out, args.tokenizer)
+            elif stage == "serve":
+                res = stage_serve(args.out, args.tokenizer)
             elif stage == "qwen2":
                 res = stage_qwen2(args.out, args.tokenizer)
             elif stage == "speed":

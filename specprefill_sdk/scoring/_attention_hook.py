@@ -224,6 +224,25 @@ class QueryRecorder:
         self.scaling[int(layer)] = scaling if scaling is not None else query.shape[-1] ** -0.5
         store.index_copy_(2, self.index, query[:, :, -1:, :].to(store.dtype))
 
+    @staticmethod
+    def attend(
+        query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scaling: float | None
+    ) -> torch.Tensor:
+        """One-query attention over a fixed buffer (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
+
+        Two batched matrix-vector products and a softmax in fp32. For a single query over a long
+        masked buffer this reads the keys and values once with all of the GPU busy, where SDPA's
+        masked kernels give each head one thread block that walks the whole buffer.
+        """
+        batch, heads, _, dim = query.shape
+        kv_heads = key.shape[1]
+        scale = scaling if scaling is not None else dim**-0.5
+        q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
+        logits = torch.matmul(q, key.transpose(-1, -2)).float() * scale + mask.reshape(batch, 1, 1, -1).float()
+        probs = torch.softmax(logits, dim=-1).to(value.dtype)
+        out = torch.matmul(probs, value)  # [B, KVH, G, d]
+        return out.reshape(batch, heads, 1, dim).transpose(1, 2)
+
     @contextlib.contextmanager
     def active(self) -> Iterator[QueryRecorder]:
         token = _ACTIVE.set(self)
@@ -257,6 +276,8 @@ def _make_wrapper(base: str) -> Callable[..., Any]:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
             window = kwargs.get("sliding_window")
             collector.observe(module, query, key, value, scaling, window, kwargs.get("softcap"))
+            if isinstance(collector, QueryRecorder) and attention_mask is not None and query.shape[2] == 1:
+                return collector.attend(query, key, value, attention_mask, scaling), None
         fn = ALL_ATTENTION_FUNCTIONS[base] if base != "eager" else _eager_function(module)
         return fn(module, query, key, value, attention_mask, *args, **kwargs)
 

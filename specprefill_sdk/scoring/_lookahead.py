@@ -138,6 +138,20 @@ class StaticLookAhead:
         The prompt (left-padded to ``width``) must already be in the buffers. Afterwards `queries`
         holds each layer's look-ahead queries 1..steps.
         """
+        with torch.inference_mode(), self.recorder.active():
+            if self.use_graph and self.graph is None:
+                self._reset(first_token, lengths, pad, width)
+                self._step()  # warms every kernel up before capture; its writes are reset below
+                self.graph = self._capture()
+            self._reset(first_token, lengths, pad, width)
+            for _ in range(self.steps):
+                if self.graph is not None:
+                    self.graph.replay()
+                else:
+                    self._step()
+        return self.tokens
+
+    def _reset(self, first_token: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor, width: int) -> None:
         columns = torch.arange(self.capacity, device=self.device)
         visible = (columns[None, :] >= pad[:, None]) & (columns[None, :] < width)
         self.mask.copy_(
@@ -147,29 +161,10 @@ class StaticLookAhead:
         self.position.copy_(lengths[:, None])
         self.slot.fill_(width)
         self.index.zero_()
-        with torch.inference_mode(), self.recorder.active():
-            if not self.use_graph:
-                for _ in range(self.steps):
-                    self._step()
-                return self.tokens
-            done = 0
-            if self.graph is None:
-                self._step()  # runs step 1 for real and warms every kernel up before capture
-                done = 1
-                self.graph = self._capture()
-            if self.graph is None:
-                for _ in range(done, self.steps):
-                    self._step()
-            else:
-                for _ in range(done, self.steps):
-                    self.graph.replay()
-        return self.tokens
 
     def _capture(self) -> Any:
-        """Capture one step; on failure turn graphs off for these buffers and return None."""
+        """Capture one step (recorded, not run); on failure turn graphs off for these buffers and return None."""
         graph = torch.cuda.CUDAGraph()
-        state = (self.token, self.position, self.slot, self.index)
-        saved = [t.clone() for t in state]
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                 self._step()
@@ -179,10 +174,6 @@ class StaticLookAhead:
                 "the draft's look-ahead step cannot be captured as a CUDA graph; it runs eagerly", exc_info=True
             )
             return None
-        finally:
-            # Capture records the step without running it; the state must read as after step 1 again.
-            for t, old in zip(state, saved, strict=True):
-                t.copy_(old)
         return graph
 
     def release(self) -> None:
