@@ -200,7 +200,7 @@ def test_out_of_order_fill_gets_an_explicit_position_mask(backend32, smollm_fp32
 
 def test_chunked_unmasked_prefill_equals_reference(smollm_fp32, long_prompt) -> None:
     compressed = sparse(long_prompt)
-    backend = TransformersBackend(smollm_fp32, prefill_chunk=29)  # several passes over a growing cache
+    backend = TransformersBackend(smollm_fp32, unmasked_chunk=29)  # several passes over a growing cache
     state = backend.prefill(compressed)
     ref_logits, _ = reference_forward(smollm_fp32, list(compressed.token_ids), list(compressed.position_ids))
     assert torch.allclose(state.logits[0], ref_logits, atol=1e-4, rtol=0)

@@ -39,8 +39,10 @@ __all__ = ["KVState", "TransformersBackend"]
 
 logger = logging.getLogger(__name__)
 
-#: Kept tokens per forward pass during prefill; bounds the attention mask and activations.
-DEFAULT_PREFILL_CHUNK = 8192
+#: Kept tokens per forward pass of a prefill that needs an explicit (quadratic) position mask.
+DEFAULT_PREFILL_CHUNK = 4096
+#: Kept tokens per forward pass of a prefill in position order (no mask: activations only).
+DEFAULT_UNMASKED_CHUNK = 32768
 #: Prompts per padded batch in `TransformersBackend.generate_batch`.
 DEFAULT_MAX_BATCH = 16
 
@@ -131,7 +133,11 @@ class TransformersBackend(BackendBase):
             `LoadedModel` (shared, e.g. with a draft scorer).
         device: ``"auto"`` (CUDA when available), ``"cpu"``, ``"cuda"``, ... (only when loading by name).
         dtype: ``"auto"`` (bf16), ``"float32"``, ... (only when loading by name).
-        prefill_chunk: kept tokens per forward pass during prefill.
+        prefill_chunk: kept tokens per forward pass of a prefill that needs an explicit position mask
+            (its memory grows with the square of the chunk).
+        unmasked_chunk: kept tokens per forward pass of a prefill whose tokens come in position order
+            after everything cached (one row, global attention): no mask is built, so the pass is
+            bounded by activation memory only.
         max_batch_size: prompts per padded batch in `generate_batch`.
 
     Example::
@@ -149,6 +155,7 @@ class TransformersBackend(BackendBase):
         device: str | torch.device = "auto",
         dtype: str | torch.dtype = "auto",
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        unmasked_chunk: int = DEFAULT_UNMASKED_CHUNK,
         max_batch_size: int = DEFAULT_MAX_BATCH,
     ) -> None:
         if isinstance(model, LoadedModel):
@@ -160,9 +167,10 @@ class TransformersBackend(BackendBase):
             self.loaded = model
         else:
             self.loaded = load_model(model, device=device, dtype=dtype)
-        if prefill_chunk < 1 or max_batch_size < 1:
-            raise InvalidRequestError("prefill_chunk and max_batch_size must be >= 1")
+        if prefill_chunk < 1 or unmasked_chunk < 1 or max_batch_size < 1:
+            raise InvalidRequestError("prefill_chunk, unmasked_chunk and max_batch_size must be >= 1")
         self.prefill_chunk = prefill_chunk
+        self.unmasked_chunk = unmasked_chunk
         self.max_batch_size = max_batch_size
         self.capabilities = BackendCapabilities(
             supports_position_ids=True, supports_sessions=True, supports_streaming=True
@@ -360,8 +368,11 @@ class TransformersBackend(BackendBase):
         new = [(p, t) for p, t in zip(prompt.position_ids, prompt.token_ids, strict=True) if p not in cached]
         state.last_prefilled = len(new)
         logits: torch.Tensor | None = None
-        for start in range(0, len(new), self.prefill_chunk):
-            part = new[start : start + self.prefill_chunk]
+        kpos = torch.cat([state.positions, torch.tensor([[p for p, _ in new]], dtype=torch.long)], dim=1)
+        kvalid = torch.cat([state.valid, torch.ones(1, len(new), dtype=torch.bool)], dim=1)
+        chunk = self.unmasked_chunk if self._slot_order(kpos, kvalid) else self.prefill_chunk
+        for start in range(0, len(new), chunk):
+            part = new[start : start + chunk]
             ids = torch.tensor([[t for _, t in part]], dtype=torch.long)
             qpos = torch.tensor([[p for p, _ in part]], dtype=torch.long)
             logits = self._forward(state, ids, qpos, torch.ones_like(qpos, dtype=torch.bool))
