@@ -492,7 +492,9 @@ def stage_serve(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
             else:
                 raise RuntimeError("vllm serve did not become healthy in 300 s")
             result["startup_s"] = round(time.monotonic() - t0, 1)
-            backend = OpenAIBackend(base + "/v1", model="tiny-llama", mode="positions", wire="vllm", max_context=4096)
+            backend = OpenAIBackend(
+                base + "/v1", model="tiny-llama", tokenizer=str(path), mode="positions", wire="vllm", max_context=4096
+            )
             for i, cp in enumerate(cps):
                 got = backend.generate(cp, params)
                 checks.append(compare(f"HTTP keep {cp.keep_ratio:.2f} vs transformers #{i}", got.token_ids, want[i]))

@@ -436,3 +436,38 @@ def test_importing_the_package_does_not_import_vllm():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "VLLMBackend"
+
+
+# ----------------------------------------------------------------------------- admission check
+class _Params:
+    """What vLLM's input processor hands `validate_params`: an object with ``extra_args``."""
+
+    def __init__(self, extra_args):
+        self.extra_args = extra_args
+
+
+def test_layout_validator_rejects_malformed_layouts_at_admission():
+    from specprefill_sdk.backends.vllm.layout import PositionLayout
+    from specprefill_sdk.backends.vllm.validation import LayoutValidator, check_layout
+
+    good = PositionLayout.from_positions([0, 1, 2, 7, 8, 20], 25).to_extra_args()
+    LayoutValidator.validate_params(_Params(good))  # a valid layout passes
+    LayoutValidator.validate_params(_Params(None))  # no layout: a vanilla request
+    LayoutValidator.validate_params(_Params({"other_plugin": 1}))
+    bad_cases = [
+        {**good, KEY_SPANS: [*good[KEY_SPANS][:-1], -5]},  # what the HTTP check on the H200 sent
+        {**good, KEY_SPANS: [0, 3, 2, 9]},  # overlapping runs
+        {**good, KEY_N: 5},  # runs beyond n
+        {**good, KEY_VERSION: 99},
+        {KEY_SPANS: good[KEY_SPANS]},  # n missing
+        {**good, KEY_POSITIONS: [0, 1]},  # both encodings
+    ]
+    for bad in bad_cases:
+        with pytest.raises(ValueError, match="invalid SpecPrefill layout"):
+            LayoutValidator.validate_params(_Params(bad))
+        with pytest.raises(ValueError):
+            check_layout(bad)
+    proc = LayoutValidator(None, None)
+    assert proc.add_request(0, _Params(good)) is False  # never changes logits
+    logits = torch.zeros(2, 3)
+    assert proc.apply(logits, None) is logits
