@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -32,6 +33,7 @@ from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequenc
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from ._aio import chunks_in_threads
 from .errors import ContextTooLongError, InvalidRequestError
 from .types import (
     Completion,
@@ -244,17 +246,9 @@ class Conversation:
         self, message: str | Message | Mapping[str, Any], params: SamplingParams | None = None, **sampling: Any
     ) -> AsyncIterator[CompletionChunk]:
         """Async `stream`: each step runs in a worker thread."""
-        iterator = self.stream(message, params, **sampling)
-        done = object()
-        try:
-            while True:
-                chunk = await asyncio.to_thread(next, iterator, done)
-                if chunk is done:
-                    break
-                assert isinstance(chunk, CompletionChunk)
+        async with contextlib.aclosing(chunks_in_threads(self.stream(message, params, **sampling))) as chunks:
+            async for chunk in chunks:
                 yield chunk
-        finally:
-            await asyncio.to_thread(iterator.close)
 
     def __repr__(self) -> str:
         return f"Conversation(id={self.id!r}, strategy={self.strategy!r}, messages={len(self._messages)})"

@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context as otel_context
 from opentelemetry.trace import SpanKind
 
+from ._aio import chunks_in_threads
 from .errors import ContextTooLongError, InvalidRequestError
 from .interfaces import Backend, Scorer, Selector
 from .prompt import PromptInput, build_prompt
@@ -476,18 +478,9 @@ class Pipeline:
     ) -> AsyncIterator[CompletionChunk]:
         """Async `stream`. Each step of the synchronous stream runs in a worker thread."""
         iterator = await asyncio.to_thread(self.stream, prompt, params, conversation_id=conversation_id, **sampling)
-        done = object()
-        try:
-            while True:
-                chunk = await asyncio.to_thread(next, iterator, done)
-                if chunk is done:
-                    break
-                assert isinstance(chunk, CompletionChunk)
+        async with contextlib.aclosing(chunks_in_threads(iterator)) as chunks:
+            async for chunk in chunks:
                 yield chunk
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                await asyncio.to_thread(close)
 
     def generate_batch(
         self,

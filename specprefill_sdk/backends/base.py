@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator, Sequence
 
+from .._aio import chunks_in_threads
 from ..types import Completion, CompletionChunk, CompressedPrompt, SamplingParams
 
 __all__ = ["BackendBase"]
@@ -29,16 +31,6 @@ class BackendBase:
         return await asyncio.to_thread(self.generate, prompt, params)
 
     async def astream(self, prompt: CompressedPrompt, params: SamplingParams) -> AsyncIterator[CompletionChunk]:
-        iterator = self.stream(prompt, params)
-        done = object()
-        try:
-            while True:
-                chunk = await asyncio.to_thread(next, iterator, done)
-                if chunk is done:
-                    break
-                assert isinstance(chunk, CompletionChunk)
+        async with contextlib.aclosing(chunks_in_threads(self.stream(prompt, params))) as chunks:
+            async for chunk in chunks:
                 yield chunk
-        finally:
-            close = getattr(iterator, "close", None)
-            if close is not None:
-                await asyncio.to_thread(close)

@@ -71,7 +71,20 @@ def skipped_layers(config: Any) -> frozenset[int]:
     return frozenset(i for i, kind in enumerate(layer_types) if kind != "full_attention")
 
 
-class ScoreCollector:
+class _Observer:
+    """Something the hooked attention reports to while it is active in the current thread or task."""
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """Make this object receive the attention calls of the current thread or task."""
+        token = _ACTIVE.set(self)  # type: ignore[arg-type]
+        try:
+            yield None
+        finally:
+            _ACTIVE.reset(token)
+
+
+class ScoreCollector(_Observer):
     """Accumulates ``best[b, j, i] = max over layers and heads of the pooled attention of query j to key i``.
 
     The scorer drives it: `begin_step` before every forward pass of the draft (step 0 is the prompt
@@ -110,15 +123,6 @@ class ScoreCollector:
         """Prepare for the forward pass whose last query is query ``step`` (0: the last prompt token)."""
         self.step = step
         self.seq_len = self.prompt_len + step
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[ScoreCollector]:
-        """Make this collector receive the attention calls of the current thread or task."""
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
 
     def observe(
         self,
@@ -194,7 +198,7 @@ class ScoreCollector:
         torch.maximum(target, best, out=target)
 
 
-class QueryRecorder:
+class QueryRecorder(_Observer):
     """Stores each layer's last post-RoPE query row into a fixed buffer, at the slot ``index`` holds.
 
     Active (like a `ScoreCollector`) while `StaticLookAhead` runs a decode step, including the one a
@@ -242,14 +246,6 @@ class QueryRecorder:
         probs = torch.softmax(logits, dim=-1).to(value.dtype)
         out = torch.matmul(probs, value)  # [B, KVH, G, d]
         return out.reshape(batch, heads, 1, dim).transpose(1, 2)
-
-    @contextlib.contextmanager
-    def active(self) -> Iterator[QueryRecorder]:
-        token = _ACTIVE.set(self)
-        try:
-            yield self
-        finally:
-            _ACTIVE.reset(token)
 
 
 def _eager_function(module: Any) -> Callable[..., Any]:

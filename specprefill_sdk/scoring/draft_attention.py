@@ -225,6 +225,16 @@ class DraftAttentionScorer:
             position_ids = (columns[None, :] - pad[:, None]).clamp_min(0)
         return input_ids, lengths, pad, attention_mask, position_ids
 
+    def _collector(self, pad: torch.Tensor, width: int, queries: int) -> ScoreCollector:
+        return ScoreCollector(
+            pad=pad,
+            prompt_len=width,
+            num_queries=queries,
+            pool_kernel=self.pool_kernel,
+            skip=self._skip,
+            device=self.loaded.device,
+        )
+
     def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
         """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
         limit = self.loaded.max_context
@@ -234,14 +244,7 @@ class DraftAttentionScorer:
         model, device = self.loaded.model, self.loaded.device
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
-        collector = ScoreCollector(
-            pad=pad,
-            prompt_len=width,
-            num_queries=self.look_ahead,
-            pool_kernel=self.pool_kernel,
-            skip=self._skip,
-            device=device,
-        )
+        collector = self._collector(pad, width, self.look_ahead)
         used = torch.ones(size, dtype=torch.long, device=device)
         generated: list[torch.Tensor] = []
         from transformers import DynamicCache
@@ -307,17 +310,10 @@ class DraftAttentionScorer:
         self, batch: list[tuple[int, ...]], steps: int
     ) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
         """`_score_ids` for global-attention drafts: look-ahead over fixed buffers, queries scored at once."""
-        model, device = self.loaded.model, self.loaded.device
+        model = self.loaded.model
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
-        collector = ScoreCollector(
-            pad=pad,
-            prompt_len=width,
-            num_queries=1 + steps,
-            pool_kernel=self.pool_kernel,
-            skip=self._skip,
-            device=device,
-        )
+        collector = self._collector(pad, width, 1 + steps)
         with self._runner_lock:
             runner = self._runner_for(size, width, steps)
             written: set[int] = set()
