@@ -285,6 +285,7 @@ def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
         ]
     )
     assert cli.main(args) == 0
+    assert not (tmp_path / "ci.partial.json").exists()  # the per-sample checkpoint is gone once complete
     data = json.loads((tmp_path / "ci.json").read_text())
     records = data["records"]
     assert len(records) == 1 + 2 * 2  # the dense reference, then 2 methods x 2 rates
@@ -313,7 +314,9 @@ def test_eval_is_deterministic_for_a_seed(smollm):
         generate=False,
         seed=5,
     )
-    a = run_eval(cfg, progress=False, target=smollm)
+    seen: list[int] = []
+    a = run_eval(cfg, progress=False, target=smollm, on_sample=lambda so_far: seen.append(len(so_far.records)))
+    assert seen == [len(a.records)]  # one sample: one checkpoint, holding all of its records
     b = run_eval(cfg, progress=False, target=smollm)
     strip = [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in a.records]
     assert strip == [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in b.records]

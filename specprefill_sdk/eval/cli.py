@@ -10,12 +10,14 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shlex
 import sys
+from pathlib import Path
 
 from ..errors import InvalidRequestError
-from .harness import DEFAULT_KEEP_RATES, EvalConfig
+from .harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult
 from .methods import DEFAULT_METHODS, method_names
 from .tasks import task_names
 
@@ -118,10 +120,21 @@ def main(args: argparse.Namespace) -> int:
             raise InvalidRequestError(
                 "the PNG plot needs matplotlib (pip install matplotlib), or pass --no-plot"
             ) from exc
-    result = run_eval(config, progress=args.progress)
     argv = sys.argv[sys.argv.index("eval") + 1 :] if "eval" in sys.argv else sys.argv[1:]
     command = "specprefill eval " + " ".join(shlex.quote(a) for a in argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / f"{args.name}.partial.json"
+
+    def checkpoint(so_far: EvalResult) -> None:
+        # What a long run has measured so far, rewritten after every sample; removed at the end.
+        data = so_far.to_dict()
+        data["command"], data["partial"] = command, True
+        partial.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    result = run_eval(config, progress=args.progress, on_sample=checkpoint)
     paths = write_report(result, args.out, stem=args.name, command=command, plot=args.plot)
+    partial.unlink(missing_ok=True)
     console = Console()
     console.print(markdown_report(result, command=command), markup=False, highlight=False)
     for kind, path in paths.items():

@@ -206,9 +206,17 @@ ProgressCallback = Callable[[str], None]
 
 
 def run_eval(
-    config: EvalConfig, *, progress: bool = True, target: LoadedModel | None = None, draft: LoadedModel | None = None
+    config: EvalConfig,
+    *,
+    progress: bool = True,
+    target: LoadedModel | None = None,
+    draft: LoadedModel | None = None,
+    on_sample: Callable[[EvalResult], None] | None = None,
 ) -> EvalResult:
     """Run ``config``; already loaded ``target`` / ``draft`` models may be passed in.
+
+    ``on_sample`` is called with the result so far after each sample (its ``elapsed_s`` updated), so
+    that a long run can save what it has (the CLI writes ``<name>.partial.json``).
 
     Deterministic for a given config: samples come from ``config.seed``, decoding is greedy and the
     random baseline is seeded.
@@ -293,6 +301,9 @@ def run_eval(
                         record = _record(case, base, method.name, rate, selection, score_ms, select_ms)
                     result.records.append(record)
                     bar.advance(task_id)
+            if on_sample is not None:
+                result.elapsed_s = time.perf_counter() - t_start
+                on_sample(result)
     result.elapsed_s = time.perf_counter() - t_start
     return result
 
