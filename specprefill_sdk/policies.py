@@ -50,6 +50,7 @@ __all__ = [
     "list_policies",
     "load_pipeline",
     "load_policy",
+    "override_selector",
     "policy_dirs",
     "resolve_pipeline",
 ]
@@ -496,3 +497,24 @@ def resolve_pipeline(
             )
             _CACHE[key] = found
         return found
+
+
+def override_selector(
+    policy: str,
+    overrides: Mapping[str, Any] | None = None,
+    *,
+    keep_rate: float | None = None,
+    token_budget: int | None = None,
+) -> Selector | None:
+    """The selector of ``policy`` (with ``overrides``) set to ``keep_rate`` / ``token_budget``.
+
+    ``None`` when neither is given: the pipeline's own selector applies. Framework components use
+    this for a per-component budget on a shared pipeline.
+
+    Raises:
+        PolicyError: an unknown policy or an invalid override.
+    """
+    if keep_rate is None and token_budget is None:
+        return None
+    base = load_policy(policy).with_overrides(**(overrides or {}))
+    return base.with_overrides(keep_rate=keep_rate, token_budget=token_budget).build_selector()

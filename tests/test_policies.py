@@ -250,3 +250,13 @@ def test_resolve_pipeline_passes_a_pipeline_through_and_refuses_other_objects() 
 
     with pytest.raises(InvalidRequestError, match=r"must be a specprefill_sdk\.Pipeline"):
         resolve_pipeline(3, policy="paper", model="smollm2-135m")
+
+
+def test_override_selector_sets_the_budget_of_a_policy():
+    from specprefill_sdk.policies import override_selector
+
+    assert override_selector("paper") is None  # no budget given: the pipeline's own selector applies
+    selector = override_selector("paper", keep_rate=0.2)
+    assert selector is not None and "KeepRate(0.2)" in selector.name
+    budget = override_selector("paper", {"chunk_size": 1}, token_budget=64)
+    assert budget is not None and "TokenBudget(64)" in budget.name and "Chunked" not in budget.name

@@ -17,8 +17,9 @@ Example::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from specprefill_sdk._lazy import lazy_exports
 
 _EXPORTS = {
     "ChatSpecPrefill": "chat_models",
@@ -30,17 +31,7 @@ _EXPORTS = {
 __all__ = ["ChatSpecPrefill", "SpecPrefillDocumentCompressor", "SpecPrefillMessageCompressor", "SpecPrefillMiddleware"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'specprefill_langchain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
 
 
 if TYPE_CHECKING:

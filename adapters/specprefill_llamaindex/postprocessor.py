@@ -61,15 +61,12 @@ class SpecPrefillNodePostprocessor(BaseNodePostprocessor):
         return self._resolved
 
     def _selector_for(self) -> Selector | None:
-        if self.keep_rate is None and self.token_budget is None:
-            return None
         if self._selector is None:
-            from specprefill_sdk.policies import load_policy
+            from specprefill_sdk.policies import override_selector
 
-            policy = load_policy(self.policy).with_overrides(**self.policy_overrides)
-            self._selector = policy.with_overrides(
-                keep_rate=self.keep_rate, token_budget=self.token_budget
-            ).build_selector()
+            self._selector = override_selector(
+                self.policy, self.policy_overrides, keep_rate=self.keep_rate, token_budget=self.token_budget
+            )
         return self._selector
 
     def _node(self, item: NodeWithScore, result: CompressedText) -> NodeWithScore:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import threading
 from typing import Any
 
 import torch
@@ -69,13 +68,12 @@ class StaticLookAhead:
     """Fixed buffers (and, on CUDA, one captured graph) for ``steps`` greedy decode steps of ``model``.
 
     Use: `write_prompt_kv` during the prefill (as the `ScoreCollector`'s ``kv_sink``), then `run`.
-    One scoring call at a time (a lock is held by the caller through `lock`).
+    One scoring call at a time: `DraftAttentionScorer` holds its own lock around both.
     """
 
     def __init__(self, model: Any, batch: int, capacity: int, steps: int, *, cuda_graph: bool) -> None:
         self.model = model
         self.batch, self.capacity, self.steps = batch, capacity, steps
-        self.lock = threading.Lock()
         device = next(model.parameters()).device
         dtype = model.dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
@@ -175,7 +173,3 @@ class StaticLookAhead:
             )
             return None
         return graph
-
-    def release(self) -> None:
-        """Drop the graph and the buffers' references to the model's outputs."""
-        self.graph = None
