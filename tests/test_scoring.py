@@ -12,7 +12,7 @@ from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.interfaces import Scorer
 from specprefill_sdk.scoring import HeadTailScorer, RandomScorer, RecencyScorer, UniformScorer
 from specprefill_sdk.scoring._alignment import DraftTokens, project_scores, to_draft_tokens
-from specprefill_sdk.scoring._attention_hook import ScoreCollector, install, pool_rows, skipped_layers
+from specprefill_sdk.scoring._attention_hook import QueryRecorder, ScoreCollector, install, pool_rows, skipped_layers
 from specprefill_sdk.types import Prompt
 
 
@@ -207,3 +207,78 @@ def test_sliding_layers_are_skipped_only_next_to_full_layers():
     assert skipped_layers(Gemma3TextConfig(num_hidden_layers=2, layer_types=["sliding_attention"] * 2)) == frozenset()
     assert skipped_layers(Qwen2Config(num_hidden_layers=3)) == frozenset()
     assert skipped_layers(MistralConfig(num_hidden_layers=3)) == frozenset()
+
+
+@pytest.mark.parametrize(("group_elements", "skip"), [(1 << 24, frozenset()), (1, frozenset({1})), (3000, frozenset())])
+def test_stacked_reduction_equals_layer_by_layer_and_query_by_query(group_elements, skip):
+    """`observe_stacked` (all layers, grouped) gives what `observe` gives one layer and one query at a time."""
+    gen = torch.Generator().manual_seed(5)
+    layers, batch, heads, kv_heads, count, dim, width = 4, 2, 6, 2, 3, 8, 29
+    pad = torch.tensor([0, 7])
+    queries = torch.randn(layers, batch, heads, count, dim, generator=gen)
+    keys = torch.randn(layers, batch, kv_heads, width + count + 5, dim, generator=gen)  # slots past the prompt
+    scalings = [0.3, 0.3, 0.5, 0.3]
+
+    def collector() -> ScoreCollector:
+        return ScoreCollector(
+            pad=pad, prompt_len=width, num_queries=count, pool_kernel=5, skip=skip, device=torch.device("cpu")
+        )
+
+    one_by_one = collector()
+    for layer in range(layers):
+        module = type("Attention", (), {"layer_idx": layer})()
+        for j in range(count):
+            one_by_one.begin_step(j)
+            q = queries[layer, :, :, j : j + 1]
+            k = keys[layer, :, :, : width + j]
+            one_by_one.observe(module, q, k, k, scalings[layer], None, None)
+    stacked = collector()
+    stacked.group_elements = group_elements
+    stacked.observe_stacked(queries, keys, scalings)
+    torch.testing.assert_close(stacked.best, one_by_one.best, rtol=1e-5, atol=1e-7)
+    assert stacked.layers_seen == one_by_one.layers_seen == set(range(layers)) - skip
+    assert float(stacked.best[1, :, :5].abs().sum()) == 0.0  # padding beyond the pool's reach scores nothing
+
+
+@pytest.mark.parametrize("slots", [700, 4096 + 1024, 8192])
+def test_one_query_attention_over_a_masked_buffer_equals_sdpa(slots):
+    """The look-ahead step's attention (split into blocks on long buffers) is SDPA's, GQA included."""
+    gen = torch.Generator().manual_seed(slots)
+    query = torch.randn(2, 6, 1, 16, generator=gen)
+    key, value = torch.randn(2, 2, slots, 16, generator=gen), torch.randn(2, 2, slots, 16, generator=gen)
+    mask = torch.zeros(2, 1, 1, slots)
+    mask[0, ..., slots - 100 :] = torch.finfo(torch.float32).min  # unused slots
+    mask[1, ..., :37] = torch.finfo(torch.float32).min  # left padding
+    out = QueryRecorder.attend(query, key, value, mask, 0.3)
+    expected = F.scaled_dot_product_attention(
+        query, key.repeat_interleave(3, 1), value.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    )
+    assert out.shape == (2, 1, 6, 16)
+    torch.testing.assert_close(out, expected.transpose(1, 2), rtol=1e-5, atol=1e-6)
+
+
+def test_scoring_restores_cudnn_attention_that_another_library_turned_off():
+    """vLLM calls ``enable_cudnn_sdp(False)`` at import; the scorer's prefill context turns it back on."""
+    from specprefill_sdk.scoring.draft_attention import _attention_backends, _sdpa_context
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    try:
+        with _sdpa_context(_attention_backends(["cudnn", "flash"]), torch.device("cuda")):
+            assert torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
+            assert not torch.backends.cuda.math_sdp_enabled()
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+        with _sdpa_context(_attention_backends(["cudnn"]), torch.device("cpu")):  # CPU: nothing changes
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+        with _sdpa_context(None, torch.device("cuda")):
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+@pytest.mark.parametrize("value", [[], ["fast"], ("flash", "vulkan")])
+def test_unknown_attention_backends_are_refused(value):
+    from specprefill_sdk.scoring.draft_attention import _attention_backends
+
+    with pytest.raises(InvalidRequestError, match="attention_backends"):
+        _attention_backends(value)

@@ -19,7 +19,7 @@ import contextvars
 import logging
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -38,6 +38,8 @@ _PREFIX = "specprefill_"
 #: implementations the hook can wrap (the base it delegates to) -> the registered name
 _WRAPPED = {"sdpa": _PREFIX + "sdpa", "eager": _PREFIX + "eager"}
 _install_lock = threading.Lock()
+#: `QueryRecorder.attend` splits its product with the values into blocks of this many cache slots
+_SPLIT = 1024
 _registered = False
 
 
@@ -54,7 +56,7 @@ def pool_rows(rows: torch.Tensor, valid: torch.Tensor, kernel: int) -> torch.Ten
     pad = kernel // 2
     sums = F.avg_pool1d(rows, kernel, stride=1, padding=pad, count_include_pad=True)[..., :length]
     counts = F.avg_pool1d(valid.to(rows.dtype), kernel, stride=1, padding=pad, count_include_pad=True)[..., :length]
-    return sums / counts.clamp_min(1.0 / kernel)
+    return sums.div_(counts.clamp_min(1.0 / kernel))
 
 
 def skipped_layers(config: Any) -> frozenset[int]:
@@ -93,6 +95,10 @@ class ScoreCollector(_Observer):
     ``pad[b]``.
     """
 
+    #: `observe_stacked` reduces layers in groups of at most this many fp32 elements (score rows and
+    #: keys together, about 64 MiB each), so the reduction's transient memory stays small.
+    group_elements: int = 1 << 24
+
     def __init__(
         self,
         *,
@@ -115,9 +121,6 @@ class ScoreCollector(_Observer):
         self.step = 0
         self.seq_len = prompt_len
         self.layers_seen: set[int] = set()
-        #: called with ``(layer, key, value)`` for every layer of the prompt prefill (step 0), skipped
-        #: layers included: `StaticLookAhead` copies the prompt's keys and values into its buffers.
-        self.kv_sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
 
     def begin_step(self, step: int) -> None:
         """Prepare for the forward pass whose last query is query ``step`` (0: the last prompt token)."""
@@ -136,8 +139,6 @@ class ScoreCollector(_Observer):
     ) -> None:
         """Add one layer's contribution for the current query (the last query row of this call)."""
         layer = getattr(module, "layer_idx", None)
-        if self.kv_sink is not None and self.step == 0 and layer is not None:
-            self.kv_sink(int(layer), key, value)
         if layer in self.skip:
             return
         if layer is not None:
@@ -173,43 +174,70 @@ class ScoreCollector(_Observer):
         target = self.best[:, self.step]
         torch.maximum(target, pooled, out=target)
 
-    def observe_queries(self, layer: int, queries: torch.Tensor, key: torch.Tensor, scaling: float, first: int) -> None:
-        """Add one layer's contribution for several queries at once.
+    def observe_stacked(self, queries: torch.Tensor, keys: torch.Tensor, scalings: Sequence[float]) -> None:
+        """Add every layer's contribution for several queries at once.
 
-        ``queries`` (``[B, H, J, d]``, post-RoPE) are queries ``first .. first + J - 1``; ``key``
-        (``[B, KVH, >= prompt_len, d]``) holds the prompt's keys in its first ``prompt_len`` slots. Only
-        for models whose every layer attends globally without a logit soft-cap (what `StaticLookAhead`
-        accepts): the result is the one `observe` gives query by query.
+        ``queries`` (``[L, B, H, J, d]``, post-RoPE) are queries ``0 .. J - 1`` of every layer; ``keys``
+        (``[L, B, KVH, >= prompt_len, d]``) hold each layer's prompt keys in their first ``prompt_len``
+        slots; ``scalings[l]`` is layer ``l``'s softmax scaling. Only for models whose every layer
+        attends globally without a logit soft-cap (what `StaticLookAhead` accepts): the result is the
+        one `observe` gives layer by layer and query by query, with the same fp32 arithmetic.
+
+        Layers are reduced in groups sized so that a group's fp32 score rows and keys stay within
+        ``group_elements`` elements; with short prompts one group holds every layer, so the reduction
+        costs a few kernel launches in all instead of a few per layer.
         """
-        if layer in self.skip:
-            return
-        self.layers_seen.add(layer)
-        batch, heads, count, dim = queries.shape
-        k = key[:, :, : self.prompt_len, :].float()
-        kv_heads = k.shape[1]
-        groups = heads // kv_heads
-        q = queries.float().reshape(batch, kv_heads, groups * count, dim)
-        logits = torch.matmul(q, k.transpose(-1, -2)).view(batch, heads, count, self.prompt_len) * scaling
-        logits = logits.masked_fill(~self.valid[:, :, None, :], float("-inf"))
-        probs = torch.softmax(logits, dim=-1)
-        pooled = pool_rows(probs.view(batch, heads * count, self.prompt_len), self.valid, self.pool_kernel)
-        best = pooled.view(batch, heads, count, self.prompt_len).amax(dim=1)  # [B, J, P]
-        target = self.best[:, first : first + count]
-        torch.maximum(target, best, out=target)
+        layers = [i for i in range(queries.shape[0]) if i not in self.skip]
+        self.layers_seen.update(layers)
+        _, batch, heads, count, dim = queries.shape
+        kv_heads, width = keys.shape[2], self.prompt_len
+        per_layer = batch * (heads * count + kv_heads * dim) * width
+        size = max(1, min(len(layers), self.group_elements // per_layer))
+        hidden = ~self.valid[None, :, :, None, :]  # [1, B, 1, 1, P]: padding
+        for start in range(0, len(layers), size):
+            group = layers[start : start + size]
+            if group == list(range(group[0], group[-1] + 1)):
+                q, k = queries[group[0] : group[-1] + 1], keys[group[0] : group[-1] + 1]
+            else:
+                pick = torch.tensor(group, device=queries.device)
+                q, k = queries.index_select(0, pick), keys.index_select(0, pick)
+            g = len(group)
+            q = q.float().reshape(g, batch, kv_heads, heads // kv_heads * count, dim)
+            k = k[:, :, :, :width, :].float()
+            logits = torch.matmul(q, k.transpose(-1, -2)).view(g, batch, heads, count, width)
+            del k
+            factors = [float(scalings[i]) for i in group]
+            if len(set(factors)) == 1:
+                logits.mul_(factors[0])
+            else:
+                logits.mul_(torch.tensor(factors, dtype=logits.dtype, device=logits.device).view(g, 1, 1, 1, 1))
+            logits.masked_fill_(hidden, float("-inf"))
+            probs = torch.softmax(logits, dim=-1)
+            del logits
+            rows = probs.view(g * batch, heads * count, width)
+            mask = self.valid.expand(g, batch, 1, width).reshape(g * batch, 1, width)
+            pooled = pool_rows(rows, mask, self.pool_kernel).view(g, batch, heads, count, width)
+            del probs, rows
+            best = pooled.amax(dim=(0, 2))  # [B, J, P]
+            target = self.best[:, :count]
+            torch.maximum(target, best, out=target)
 
 
 class QueryRecorder(_Observer):
     """Stores each layer's last post-RoPE query row into a fixed buffer, at the slot ``index`` holds.
 
-    Active (like a `ScoreCollector`) while `StaticLookAhead` runs a decode step, including the one a
-    CUDA graph captures: it only issues in-place device copies indexed by a device tensor, so every
-    replay of the graph writes the query of its own step.
+    `StaticLookAhead` makes it active for the prompt's prefill (``index`` 0; ``sink`` then also
+    receives every layer's keys and values, to copy into fixed buffers) and for each look-ahead decode
+    step, including the one a CUDA graph captures: a step only issues in-place device copies indexed by
+    a device tensor, so every replay of the graph writes the query of its own step.
     """
 
     def __init__(self, queries: dict[int, torch.Tensor], index: torch.Tensor) -> None:
         self.queries = queries  # layer -> [B, H, J, d]
-        self.index = index  # [1] long: the step being run
+        self.index = index  # [1] long: the query being recorded
         self.scaling: dict[int, float] = {}
+        #: while set, called with ``(layer, key, value)`` for every layer (the prompt's prefill)
+        self.sink: Callable[[int, torch.Tensor, torch.Tensor], None] | None = None
 
     def observe(
         self,
@@ -227,6 +255,8 @@ class QueryRecorder(_Observer):
         store = self.queries[int(layer)]
         self.scaling[int(layer)] = scaling if scaling is not None else query.shape[-1] ** -0.5
         store.index_copy_(2, self.index, query[:, :, -1:, :].to(store.dtype))
+        if self.sink is not None:
+            self.sink(int(layer), key, value)
 
     @staticmethod
     def attend(
@@ -234,17 +264,34 @@ class QueryRecorder(_Observer):
     ) -> torch.Tensor:
         """One-query attention over a fixed buffer (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
 
-        Two batched matrix-vector products and a softmax in fp32. For a single query over a long
-        masked buffer this reads the keys and values once with all of the GPU busy, where SDPA's
-        masked kernels give each head one thread block that walks the whole buffer.
+        Two batched matrix products and a softmax in fp32, in as few kernels as possible (a decode
+        step of a small draft costs what launching its kernels costs): the scaling and the mask are
+        applied by the first product, the softmax reads its bf16 output into fp32. For a single query
+        over a long masked buffer this reads the keys and values once with all of the GPU busy, where
+        SDPA's masked kernels give each head one thread block that walks the whole buffer. The product
+        with the values is split along the buffer into blocks of `_SPLIT` slots (summed with fp32
+        accumulation) when the buffer is long: as one product it would have only ``B x KVH`` small
+        output tiles, each reducing over every slot in turn.
         """
         batch, heads, _, dim = query.shape
-        kv_heads = key.shape[1]
+        kv_heads, slots = key.shape[1], key.shape[2]
+        groups = heads // kv_heads
         scale = scaling if scaling is not None else dim**-0.5
-        q = query.reshape(batch, kv_heads, heads // kv_heads, dim)
-        logits = torch.matmul(q, key.transpose(-1, -2)).float() * scale + mask.reshape(batch, 1, 1, -1).float()
-        probs = torch.softmax(logits, dim=-1).to(value.dtype)
-        out = torch.matmul(probs, value)  # [B, KVH, G, d]
+        rows = batch * kv_heads
+        q = query.reshape(rows, groups, dim)
+        k = key.reshape(rows, slots, dim).transpose(1, 2)
+        bias = (
+            mask.to(query.dtype).reshape(batch, 1, 1, slots).expand(batch, kv_heads, 1, slots).reshape(rows, 1, slots)
+        )
+        probs = torch.softmax(torch.baddbmm(bias, q, k, alpha=scale), dim=-1, dtype=torch.float32)  # [B*KVH, G, S]
+        if slots >= 4 * _SPLIT and slots % _SPLIT == 0:
+            blocks = slots // _SPLIT
+            split = probs.new_empty((rows, blocks, groups, _SPLIT), dtype=value.dtype)
+            split.copy_(probs.view(rows, groups, blocks, _SPLIT).transpose(1, 2))
+            parts = torch.matmul(split, value.reshape(rows, blocks, _SPLIT, dim))  # [B*KVH, C, G, d]
+            out = parts.sum(dim=1)
+        else:
+            out = torch.bmm(probs.to(value.dtype), value.reshape(rows, slots, dim))  # [B*KVH, G, d]
         return out.reshape(batch, heads, 1, dim).transpose(1, 2)
 
 

@@ -1,17 +1,18 @@
-"""Look-ahead decoding for `DraftAttentionScorer` over fixed buffers, replayed as a CUDA graph on GPUs.
+"""The prompt prefill and look-ahead decoding of `DraftAttentionScorer` over fixed buffers.
 
-The look-ahead tokens are greedy decode steps of the draft. Run eagerly, each step of a small model
-costs far more in Python and kernel launches than in arithmetic (11-17 ms for a 1B draft on an H200,
-against well under a millisecond of memory traffic). `StaticLookAhead` makes every step identical in
-shape so that it can be captured once and replayed:
+For a draft whose every layer attends globally, scoring needs only each layer's keys of the prompt and
+the post-RoPE queries of the last prompt token and of the look-ahead tokens. `StaticLookAhead` holds
+them in stacked fixed buffers so that:
 
-- the prompt's keys and values go straight from the prefill into per-layer buffers of a fixed
-  capacity (the prefill itself keeps no cache);
-- a step reads and writes only device tensors: the input token, its position, its cache slot, a
-  4-D additive mask whose slot is unmasked in place, and the step index;
-- the attention hook records each layer's post-RoPE query into a buffer (`QueryRecorder`) instead of
-  scoring it; all look-ahead queries are scored together after the last step
-  (`ScoreCollector.observe_queries`), with the same arithmetic as one at a time.
+- the prefill keeps no cache: a `QueryRecorder` copies each layer's keys (and values, when there are
+  decode steps) into the buffers and records the last prompt token's query, with no scoring work
+  inside the forward pass;
+- every decode step is identical in shape and reads and writes only device tensors (the input token,
+  its position, its cache slot, a 4-D additive mask whose slot is unmasked in place, the step index),
+  so that on CUDA it is captured once as a graph and replayed. Run eagerly, each step of a small model
+  costs far more in Python and kernel launches than in arithmetic;
+- all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
+  the same arithmetic as one at a time.
 
 On CPU (or with graphs turned off) the same steps run eagerly. A graph is kept for the last batch
 size and capacity and reused while prompts fit (capacities are rounded up to 1024 slots); its
@@ -65,10 +66,10 @@ class _StaticCache:
 
 
 class StaticLookAhead:
-    """Fixed buffers (and, on CUDA, one captured graph) for ``steps`` greedy decode steps of ``model``.
+    """Fixed buffers (and, on CUDA, one captured graph) for the prefill and ``steps`` greedy decode steps.
 
-    Use: `write_prompt_kv` during the prefill (as the `ScoreCollector`'s ``kv_sink``), then `run`.
-    One scoring call at a time: `DraftAttentionScorer` holds its own lock around both.
+    Use: `prefill`, then `run` (when ``steps`` > 0), then score `query_stack` against `key_stack`.
+    One scoring call at a time: `DraftAttentionScorer` holds its own lock around all three.
     """
 
     def __init__(self, model: Any, batch: int, capacity: int, steps: int, *, cuda_graph: bool) -> None:
@@ -81,28 +82,35 @@ class StaticLookAhead:
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-        shape = (batch, kv_heads, capacity, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.queries = {
-            i: torch.zeros(batch, heads, steps, head_dim, dtype=torch.float32, device=device) for i in range(layers)
-        }
+        shape = (layers, batch, kv_heads, capacity, head_dim)
+        #: ``[L, B, KVH, capacity, d]``; values only when there are decode steps to attend with them
+        # Slots past the prompt are attended to (masked) by the decode steps: they must hold finite
+        # values, so buffers with steps start zeroed; without steps the prefill writes every slot.
+        alloc = torch.zeros if steps else torch.empty
+        self.key_stack = alloc(shape, dtype=dtype, device=device)
+        self.value_stack = alloc(shape, dtype=dtype, device=device) if steps else None
+        #: ``[L, B, H, 1 + steps, d]``: query 0 is the last prompt token's, query j the j-th step's (in the
+        #: model's dtype, as the attention received them: the reduction reads them into fp32 exactly)
+        self.query_stack = torch.zeros(layers, batch, heads, 1 + steps, head_dim, dtype=dtype, device=device)
+        self.keys = list(self.key_stack.unbind(0))
+        self.values = list(self.value_stack.unbind(0)) if self.value_stack is not None else []
         self.mask = torch.zeros(batch, 1, 1, capacity, dtype=dtype, device=device)
         self.token = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.position = torch.zeros(batch, 1, dtype=torch.long, device=device)
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.index = torch.zeros(1, dtype=torch.long, device=device)
-        self.tokens = torch.zeros(batch, steps, dtype=torch.long, device=device)
-        self.recorder = QueryRecorder(self.queries, self.index)
+        self.tokens = torch.zeros(batch, 1 + steps, dtype=torch.long, device=device)  # column j: step j's output
+        self.recorder = QueryRecorder(dict(enumerate(self.query_stack.unbind(0))), self.index)
         self.cache = _StaticCache(self.keys, self.values, self.slot)
         params = inspect.signature(model.forward).parameters
         self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
         self._kwargs["cache" if "cache" in params else "past_key_values"] = self.cache
         if "cache_position" in params:
             self._kwargs["cache_position"] = self.slot
-        self.use_graph = cuda_graph and device.type == "cuda"
+        self.use_graph = cuda_graph and device.type == "cuda" and steps > 0
         self.graph: Any = None
         self.device = device
+        self.written: set[int] = set()
 
     @staticmethod
     def capacity_for(width: int, steps: int) -> int:
@@ -114,11 +122,40 @@ class StaticLookAhead:
         need = width + steps
         return batch == self.batch and steps == self.steps and need <= self.capacity <= max(2 * need, need + _ROUND)
 
-    def write_prompt_kv(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Copy the prompt prefill's keys and values of ``layer`` into the first slots."""
-        width = key.shape[2]
-        self.keys[layer][:, :, :width].copy_(key)
-        self.values[layer][:, :, :width].copy_(value)
+    def prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Run the draft over the (left-padded) prompt, filling the buffers; return its next tokens ([B]).
+
+        Afterwards `written` holds the layers whose attention the hook saw.
+        """
+        width = input_ids.shape[1]
+        self.written = set()
+
+        def sink(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
+            self.written.add(layer)
+            self.keys[layer][:, :, :width].copy_(key)
+            if self.values:
+                self.values[layer][:, :, :width].copy_(value)
+
+        self.index.zero_()
+        self.recorder.sink = sink
+        try:
+            with torch.inference_mode(), self.recorder.active():
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=False,
+                    logits_to_keep=1,
+                )
+        finally:
+            self.recorder.sink = None
+        return out.logits[:, -1].argmax(-1)
+
+    def scalings(self) -> list[float]:
+        """Each layer's softmax scaling, as the prefill's attention calls reported it."""
+        return [self.recorder.scaling[layer] for layer in range(len(self.keys))]
 
     def _step(self) -> None:
         self.mask.index_fill_(3, self.slot, 0.0)
@@ -133,8 +170,8 @@ class StaticLookAhead:
     def run(self, first_token: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor, width: int) -> torch.Tensor:
         """Decode ``steps`` tokens after ``first_token`` ([B]); return them ([B, steps]).
 
-        The prompt (left-padded to ``width``) must already be in the buffers. Afterwards `queries`
-        holds each layer's look-ahead queries 1..steps.
+        `prefill` must have filled the buffers. Afterwards `query_stack` holds every layer's queries
+        0 .. steps.
         """
         with torch.inference_mode(), self.recorder.active():
             if self.use_graph and self.graph is None:
@@ -147,7 +184,7 @@ class StaticLookAhead:
                     self.graph.replay()
                 else:
                     self._step()
-        return self.tokens
+        return self.tokens[:, 1:]
 
     def _reset(self, first_token: torch.Tensor, lengths: torch.Tensor, pad: torch.Tensor, width: int) -> None:
         columns = torch.arange(self.capacity, device=self.device)
@@ -158,7 +195,7 @@ class StaticLookAhead:
         self.token.copy_(first_token[:, None])
         self.position.copy_(lengths[:, None])
         self.slot.fill_(width)
-        self.index.zero_()
+        self.index.fill_(1)  # query 0 is the prefill's
 
     def _capture(self) -> Any:
         """Capture one step (recorded, not run); on failure turn graphs off for these buffers and return None."""

@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import threading
@@ -35,6 +36,44 @@ from ._lookahead import StaticLookAhead, supports_static_look_ahead
 __all__ = ["DraftAttentionScorer"]
 
 logger = logging.getLogger(__name__)
+
+
+#: SDPA kernels by name, for ``DraftAttentionScorer(attention_backends=...)``
+_SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
+DEFAULT_ATTENTION_BACKENDS: tuple[str, ...] = _SDPA_BACKENDS
+
+
+def _attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = (value,)
+    names = tuple(value)
+    unknown = [n for n in names if n not in _SDPA_BACKENDS]
+    if not names or unknown:
+        raise InvalidRequestError(
+            f"attention_backends must be a non-empty sequence of {', '.join(_SDPA_BACKENDS)}; got {value!r}",
+            param="attention_backends",
+        )
+    return names
+
+
+def _sdpa_context(names: tuple[str, ...] | None, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """SDPA restricted to ``names`` in that order of preference (CUDA only; elsewhere nothing changes)."""
+    if names is None or device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    members = {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+        "math": SDPBackend.MATH,
+    }
+    backends = [members[n] for n in names]
+    if "set_priority" in inspect.signature(sdpa_kernel).parameters:
+        return sdpa_kernel(backends, set_priority=True)
+    return sdpa_kernel(backends)
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -62,6 +101,12 @@ class DraftAttentionScorer:
         cuda_graph: on a CUDA device, replay the look-ahead decode steps as a CUDA graph (captured on
             first use, kept for later prompts that fit; `release` frees it). The steps then cost
             about what their memory traffic costs instead of what launching them costs.
+        attention_backends: on a CUDA device, the SDPA kernels the draft's prefill may use during a
+            scoring call, in order of preference (``"cudnn"``, ``"flash"``, ``"efficient"``,
+            ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
+            torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
+            turns cuDNN attention off for the whole process (the draft's 32K prefill then takes
+            1.24x as long on an H200). The choice applies process-wide while a call runs.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
@@ -90,9 +135,11 @@ class DraftAttentionScorer:
         target_tokenizer: Any = None,
         max_batch_tokens: int = 16384,
         cuda_graph: bool = True,
+        attention_backends: Sequence[str] | None = DEFAULT_ATTENTION_BACKENDS,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
         self.cuda_graph = bool(cuda_graph)
+        self.attention_backends = _attention_backends(attention_backends)
         self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
         self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
         if isinstance(draft, LoadedModel):
@@ -134,6 +181,7 @@ class DraftAttentionScorer:
             target_tokenizer=self.target_tokenizer,
             max_batch_tokens=self.max_batch_tokens,
             cuda_graph=self.cuda_graph,
+            attention_backends=self.attention_backends,
         )
 
     def release(self) -> None:
@@ -239,7 +287,7 @@ class DraftAttentionScorer:
         """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
         limit = self.loaded.max_context
         steps = min(self.look_ahead - 1, limit - min(len(ids) for ids in batch))
-        if self._static and steps > 0:
+        if self._static:
             return self._score_ids_static(batch, steps)
         model, device = self.loaded.model, self.loaded.device
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
@@ -250,7 +298,7 @@ class DraftAttentionScorer:
         from transformers import DynamicCache
 
         cache = {self._cache_arg: DynamicCache(config=model.config)}
-        with torch.inference_mode(), collector.active():
+        with torch.inference_mode(), collector.active(), _sdpa_context(self.attention_backends, device):
             collector.begin_step(0)
             out = model(
                 input_ids=input_ids,
@@ -295,11 +343,13 @@ class DraftAttentionScorer:
         return results
 
     def _runner_for(self, size: int, width: int, steps: int) -> StaticLookAhead:
-        keep = self.cuda_graph and self.loaded.device.type == "cuda"
+        """Buffers for this batch: the kept ones when they fit (CUDA graphs only), else fresh ones."""
+        keep = self.cuda_graph and self.loaded.device.type == "cuda" and steps > 0
         runner = self._runner
         if keep and runner is not None and runner.fits(size, width, steps):
             return runner
-        self._runner = None  # free the old buffers before allocating new ones
+        if keep:
+            self._runner = None  # free the old buffers before allocating new ones
         capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
         runner = StaticLookAhead(self.loaded.model, size, capacity, steps, cuda_graph=keep)
         if keep:
@@ -309,45 +359,30 @@ class DraftAttentionScorer:
     def _score_ids_static(
         self, batch: list[tuple[int, ...]], steps: int
     ) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
-        """`_score_ids` for global-attention drafts: look-ahead over fixed buffers, queries scored at once."""
+        """`_score_ids` for global-attention drafts: fixed buffers, every query of every layer scored at once."""
         model = self.loaded.model
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
         collector = self._collector(pad, width, 1 + steps)
         with self._runner_lock:
             runner = self._runner_for(size, width, steps)
-            written: set[int] = set()
-
-            def sink(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
-                written.add(layer)
-                runner.write_prompt_kv(layer, key, value)
-
-            collector.kv_sink = sink
+            with _sdpa_context(self.attention_backends, self.loaded.device):
+                first = runner.prefill(input_ids, attention_mask, position_ids)
+            if not runner.written:
+                raise SpecPrefillError(
+                    f"{type(model).__name__} did not route its attention through transformers' "
+                    "AttentionInterface; it cannot be used as a draft"
+                )
+            if len(runner.written) != len(runner.keys):
+                raise SpecPrefillError(
+                    f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} layers; "
+                    "it cannot be used as a draft"
+                )
             with torch.inference_mode():
-                with collector.active():
-                    collector.begin_step(0)
-                    out = model(
-                        input_ids=input_ids,
-                        attention_mask=attention_mask,
-                        position_ids=position_ids,
-                        use_cache=False,
-                        logits_to_keep=1,
-                    )
-                if not collector.layers_seen:
-                    raise SpecPrefillError(
-                        f"{type(model).__name__} did not route its attention through transformers' "
-                        "AttentionInterface; it cannot be used as a draft"
-                    )
-                if len(written) != len(runner.keys):
-                    raise SpecPrefillError(
-                        f"{type(model).__name__} ran attention in {len(written)} of {len(runner.keys)} layers; "
-                        "it cannot be used as a draft"
-                    )
-                first = out.logits[:, -1].argmax(-1)
-                tokens = runner.run(first, lengths, pad, width)
-                for layer, queries in runner.queries.items():
-                    collector.observe_queries(layer, queries, runner.keys[layer], runner.recorder.scaling[layer], 1)
-                generated = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
+                tokens = runner.run(first, lengths, pad, width) if steps > 0 else None
+                collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
+            generated = first[:, None] if tokens is None else torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1)
+            listed = generated.tolist()  # t_1 .. t_steps
             best = collector.best
         eos = set(self.loaded.eos_token_ids)
         limit = self.loaded.max_context
@@ -355,8 +390,8 @@ class DraftAttentionScorer:
         for b in range(size):
             allowed = min(steps, limit - int(lengths[b]))
             n_used = 1
-            while n_used <= allowed and generated[b][n_used - 1] not in eos:
+            while n_used <= allowed and listed[b][n_used - 1] not in eos:
                 n_used += 1
             values = best[b, :n_used, int(pad[b]) :].mean(dim=0)
-            results.append((values.cpu(), n_used, tuple(generated[b][: n_used - 1])))
+            results.append((values.cpu(), n_used, tuple(listed[b][: n_used - 1])))
         return results
