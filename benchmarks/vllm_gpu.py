@@ -438,12 +438,14 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None, timeout: fl
         return 0, str(err)
 
 
-def stage_serve(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
+def stage_serve(out: Path, tokenizer_dir: Path, validate: bool = False) -> dict[str, Any]:
     """`vllm serve` (its own processes, plugin loaded through the entry point) driven over HTTP.
 
     `OpenAIBackend(wire="vllm")` sends kept ids + positions as ``vllm_xargs`` with the layout's
     ``cache_salt``; its greedy tokens are compared with TransformersBackend's at the same positions.
-    Controls: the same ids without a layout (compact positions) and a malformed layout.
+    Controls: the same ids without a layout (compact positions) and a malformed layout. With
+    ``validate`` the server also loads `LayoutValidator` (``--logits-processors``), which answers the
+    malformed layout with HTTP 400 instead of running it at compact positions.
     """
     import subprocess
 
@@ -476,7 +478,9 @@ def stage_serve(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
         "--host", "127.0.0.1", "--port", str(port), "--served-model-name", "tiny-llama",
         "--max-model-len", "4096", "--gpu-memory-utilization", "0.25", "--enable-prefix-caching", "--seed", "0",
     ]  # fmt: skip
-    log_path = out / "vllm_serve_log.txt"
+    if validate:
+        cmd += ["--logits-processors", "specprefill_sdk.backends.vllm.validation:LayoutValidator"]
+    log_path = out / ("vllm_serve_validated_log.txt" if validate else "vllm_serve_log.txt")
     result: dict[str, Any] = {"command": " ".join(cmd[1:]), "checks": []}
     checks = result["checks"]
     t0 = time.monotonic()
@@ -517,6 +521,10 @@ def stage_serve(out: Path, tokenizer_dir: Path) -> dict[str, Any]:
             xargs[key] = [*xargs[key][:-1], -5]
             status, payload = _http("POST", base + "/v1/completions", bad)
             result["malformed_layout"] = {"status": status, "body": payload}
+            if validate:
+                row = {"case": "malformed layout refused with 400 (LayoutValidator)", "equal": status == 400}
+                row["status"] = status
+                checks.append(row)
             result["healthy_after_malformed"] = _http("GET", base + "/health", timeout=10)[0] == 200
             if result["healthy_after_malformed"]:
                 again = backend.generate(cps[1], params)
@@ -876,8 +884,8 @@ def main() -> int:
                 res = stage_kernel(args.out)
             elif stage == "llama":
                 res = stage_llama(args.out, args.tokenizer)
-            elif stage == "serve":
-                res = stage_serve(args.out, args.tokenizer)
+            elif stage in ("serve", "serve-validated"):
+                res = stage_serve(args.out, args.tokenizer, validate=stage == "serve-validated")
             elif stage == "qwen2":
                 res = stage_qwen2(args.out, args.tokenizer)
             elif stage == "speed":
