@@ -316,7 +316,7 @@ class TransformersBackend(BackendBase):
             )
         return allowed
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _forward(self, state: KVState, ids: torch.Tensor, qpos: torch.Tensor, qvalid: torch.Tensor) -> torch.Tensor:
         """Run ``ids`` ([B, q]) at positions ``qpos`` against ``state``; append them; return last logits [B, V]."""
         kpos = torch.cat([state.positions, qpos], dim=1)
@@ -399,7 +399,7 @@ class TransformersBackend(BackendBase):
         state.next_positions = [p.n for p in prompts]
         return state
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def evict(self, state: KVState, keep_slots: Sequence[int]) -> None:
         """Keep only the slots ``keep_slots`` (indices into the slot axis) of every row of ``state``."""
         index = torch.tensor(sorted(set(keep_slots)), dtype=torch.long)
@@ -425,7 +425,7 @@ class TransformersBackend(BackendBase):
             self.evict(state, keep)
         return removed
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _select_rows(self, state: KVState, rows: Sequence[int]) -> None:
         index = torch.tensor(list(rows), dtype=torch.long)
         for layer in _cache_layers(state.cache):

@@ -144,7 +144,7 @@ class DraftSession:
         self.token_ids.extend(ids)
         return out.logits[0, -1]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _score_ids(self, ids: tuple[int, ...]) -> tuple[torch.Tensor, int, tuple[int, ...]]:
         from transformers import DynamicCache
 
