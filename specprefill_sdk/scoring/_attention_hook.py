@@ -108,6 +108,7 @@ class ScoreCollector(_Observer):
         pool_kernel: int,
         skip: frozenset[int],
         device: torch.device,
+        padded: bool | None = None,
     ) -> None:
         batch = int(pad.shape[0])
         self.prompt_len = prompt_len
@@ -118,6 +119,8 @@ class ScoreCollector(_Observer):
         columns = torch.arange(prompt_len, device=device)
         self.columns = columns
         self.valid = (columns[None, :] >= self.pad[:, None])[:, None, :]  # [B, 1, P]
+        #: whether any row is left-padded (`observe_stacked` skips masking when none is)
+        self.padded = bool(padded) if padded is not None else bool((self.pad > 0).any())
         self.step = 0
         self.seq_len = prompt_len
         self.layers_seen: set[int] = set()
@@ -204,14 +207,17 @@ class ScoreCollector(_Observer):
             g = len(group)
             q = q.float().reshape(g, batch, kv_heads, heads // kv_heads * count, dim)
             k = k[:, :, :, :width, :].float()
-            logits = torch.matmul(q, k.transpose(-1, -2)).view(g, batch, heads, count, width)
-            del k
             factors = [float(scalings[i]) for i in group]
-            if len(set(factors)) == 1:
-                logits.mul_(factors[0])
+            if len(set(factors)) == 1:  # the scaling applied by the product itself (one rounding fewer)
+                q3, k3 = q.reshape(-1, q.shape[-2], dim), k.reshape(-1, width, dim).transpose(1, 2)
+                logits = torch.baddbmm(q3.new_zeros(()), q3, k3, beta=0.0, alpha=factors[0])
+                logits = logits.view(g, batch, heads, count, width)
             else:
+                logits = torch.matmul(q, k.transpose(-1, -2)).view(g, batch, heads, count, width)
                 logits.mul_(torch.tensor(factors, dtype=logits.dtype, device=logits.device).view(g, 1, 1, 1, 1))
-            logits.masked_fill_(hidden, float("-inf"))
+            del k
+            if self.padded:
+                logits.masked_fill_(hidden, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             del logits
             rows = probs.view(g * batch, heads * count, width)

@@ -21,6 +21,7 @@ buffers stay allocated until `release` or until a larger prompt needs a larger g
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 from typing import Any
@@ -45,6 +46,12 @@ def supports_static_look_ahead(model: Any) -> bool:
     if types is None and getattr(config, "sliding_window", None):
         return False
     return not getattr(config, "attn_logit_softcapping", None)
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_parameters(cls: Any) -> frozenset[str]:
+    """The names ``cls.forward`` accepts (read once per model class: `inspect.signature` is slow)."""
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 class _StaticCache:
@@ -102,7 +109,7 @@ class StaticLookAhead:
         self.tokens = torch.zeros(batch, 1 + steps, dtype=torch.long, device=device)  # column j: step j's output
         self.recorder = QueryRecorder(dict(enumerate(self.query_stack.unbind(0))), self.index)
         self.cache = _StaticCache(self.keys, self.values, self.slot)
-        params = inspect.signature(model.forward).parameters
+        params = _forward_parameters(model.__class__)
         self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
         self._kwargs["cache" if "cache" in params else "past_key_values"] = self.cache
         if "cache_position" in params:

@@ -273,7 +273,7 @@ class DraftAttentionScorer:
             position_ids = (columns[None, :] - pad[:, None]).clamp_min(0)
         return input_ids, lengths, pad, attention_mask, position_ids
 
-    def _collector(self, pad: torch.Tensor, width: int, queries: int) -> ScoreCollector:
+    def _collector(self, pad: torch.Tensor, width: int, queries: int, padded: bool | None = None) -> ScoreCollector:
         return ScoreCollector(
             pad=pad,
             prompt_len=width,
@@ -281,6 +281,7 @@ class DraftAttentionScorer:
             pool_kernel=self.pool_kernel,
             skip=self._skip,
             device=self.loaded.device,
+            padded=padded,
         )
 
     def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
@@ -363,7 +364,7 @@ class DraftAttentionScorer:
         model = self.loaded.model
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
-        collector = self._collector(pad, width, 1 + steps)
+        collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
         with self._runner_lock:
             runner = self._runner_for(size, width, steps)
             with _sdpa_context(self.attention_backends, self.loaded.device):
