@@ -1,0 +1,46 @@
+"""The GPU benchmark scripts in their CPU check modes, and the host-overhead benchmark: they run and write results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _run(script: str, *args: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_ttft_gpu_check_mode_writes_every_cell(tmp_path):
+    _run("ttft_gpu.py", "--tiny", "--repeats", "1", "--lengths", "256", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "ttft_gpu_h200.json").read_text())
+    cells = [c for row in result["rows"] for c in row.get("cells", [])]
+    assert {(c["keep_rate"], c["look_ahead"]) for c in cells} == {(0.1, 8), (0.1, 1), (0.3, 8), (0.3, 1)}
+    assert all(c["e2e_ms"] > 0 and c["ceiling"] > 0 for c in cells)
+    assert (tmp_path / "ttft_gpu_h200.md").read_text().startswith("# GPU TTFT")
+
+
+def test_profile_gpu_check_mode_breaks_scoring_into_phases(tmp_path):
+    _run("profile_gpu.py", "--tiny", "--repeats", "1", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "profile_gpu_h200.json").read_text())
+    phases = [d["la8_phases"] for d in result["drafts"]]
+    assert phases and all(p["prefill_ms"] > 0 and p["steps_ms"] > 0 and p["reduce_ms"] > 0 for p in phases)
+    assert result["pipeline"]["e2e_ms"] > 0
+    assert "## Scoring phases" in (tmp_path / "profile_gpu_h200.md").read_text()
+
+
+def test_host_overhead_benchmark_reports_each_difference(tmp_path):
+    _run("host_overhead_cpu.py", "--repeats", "2", "--n", "48", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "host_overhead_cpu.json").read_text())
+    assert set(result["overhead_ms"]) == {"score_over_draft_plain", "backend_over_kept_plain", "pipeline_over_parts"}
+    assert result["layers"] == {"target": 32, "draft": 16} and result["kept"] < 48
