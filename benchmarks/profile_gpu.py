@@ -42,6 +42,7 @@ from ttft_gpu import (  # noqa: E402
     build_model,
     environment,
     plain_forward,
+    report_header,
     selector,
     synthetic_tokenizer,
     tiny,
@@ -219,12 +220,10 @@ def pipeline_row(target: Any, draft: Any, tokenizer: Any, n: int, bench: Bench) 
 
 def markdown(result: dict[str, Any]) -> str:
     """The JSON's tables (kernel tables and Python profiles stay in the JSON)."""
-    env = result["environment"]
     lines = [
-        "# Where the GPU time goes (HF backend, bf16, batch 1, random weights)",
-        "",
-        f"- machine: {env.get('gpu', env.get('device'))}, torch {env['torch']}, transformers {env['transformers']}",
-        f"- command: `{result['command']}`; medians after a warm-up",
+        *report_header(
+            "Where the GPU time goes (HF backend, bf16, batch 1, random weights)", result, "medians after a warm-up"
+        ),
         "",
         "## Scoring phases (drafts alone)",
         "",

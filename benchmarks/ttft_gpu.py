@@ -580,13 +580,24 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
-def markdown(result: dict[str, Any]) -> str:
+def report_header(title: str, result: dict[str, Any], timing: str) -> list[str]:
+    """The first lines of a markdown report: title, machine and software, command and how it timed."""
     env = result["environment"]
-    lines = [
-        "# GPU TTFT: SpecPrefill vs full prefill (HF backend, bf16, batch 1, random weights)",
+    return [
+        f"# {title}",
         "",
         f"- machine: {env.get('gpu', env['device'])}, torch {env['torch']}, transformers {env['transformers']}",
-        f"- command: `{result['command']}`; median of {result['repeats']} runs after a warm-up",
+        f"- command: `{result['command']}`; {timing}",
+    ]
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        *report_header(
+            "GPU TTFT: SpecPrefill vs full prefill (HF backend, bf16, batch 1, random weights)",
+            result,
+            f"median of {result['repeats']} runs after a warm-up",
+        ),
         "- full = plain HF forward of the prompt + first token; e2e = Pipeline(DraftAttentionScorer, "
         "Protect(Chunked(KeepRate(r), 32)), TransformersBackend).generate(max_tokens=1); direct = score + select + "
         "plain forward of the kept tokens at their positions; ceiling = full / (plain draft prefill + kept prefill)",
