@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 
@@ -245,6 +246,72 @@ def test_write_report_makes_json_markdown_and_png(tmp_path):
     again = load_result(paths["json"])
     assert again.summary() == _fake_result().summary()
     assert again.config == _fake_result().config
+
+
+def _seeded(seed: int, good: bool) -> EvalResult:
+    """A fake run with its own seed whose draft-chunked answers are all right (``good``) or all wrong."""
+    result = _fake_result()
+    result.config = EvalConfig(**{**dataclasses.asdict(result.config), "seed": seed})
+    result.elapsed_s = 60.0
+    for r in result.records:
+        if r["method"] == "draft-chunked":
+            r["contains"] = good
+    return result
+
+
+def test_merge_pools_the_samples_of_runs_with_other_seeds(tmp_path):
+    from specprefill_sdk.eval import merge_results
+
+    merged = merge_results([_seeded(0, True), _seeded(1, False)])
+    summary = merged.summary()
+    assert summary["draft-chunked"][0.1]["count"] == 4 and summary["draft-chunked"][0.1]["contains"] == 0.5
+    assert summary[FULL][1.0]["count"] == 4
+    assert merged.config.samples == 2 and merged.elapsed_s == 120.0
+    assert [src["seed"] for src in merged.sources] == [0, 1]
+    ids = {r["id"] for r in merged.records}
+    assert "niah_single/1024/0@seed0" in ids and "niah_single/1024/0@seed1" in ids
+    md = markdown_report(merged)
+    assert "seeds 0, 1" in md and "merged from 2 runs" in md
+    # written and read back, a merged result merges again with a third run
+    paths = write_report(merged, tmp_path, stem="both", plot=False)
+    again = merge_results([load_result(paths["json"]), _seeded(2, True)])
+    assert [src["seed"] for src in again.sources] == [0, 1, 2]
+    assert again.summary()["draft-chunked"][0.3]["count"] == 6
+    assert len({x["id"] for x in again.samples}) == len(again.samples) == 6
+
+
+def test_merge_refuses_other_settings_and_a_repeated_seed():
+    from specprefill_sdk.eval import merge_results
+
+    other = _seeded(1, True)
+    other.config = EvalConfig(**{**dataclasses.asdict(other.config), "keep_rates": (0.1, 0.2)})
+    with pytest.raises(InvalidRequestError, match="differ in keep_rates"):
+        merge_results([_seeded(0, True), other])
+    with pytest.raises(InvalidRequestError, match="share a seed"):
+        merge_results([_seeded(3, True), _seeded(3, False)])
+    with pytest.raises(InvalidRequestError, match="nothing to merge"):
+        merge_results([])
+    with pytest.raises(InvalidRequestError, match="not an evaluation result"):
+        EvalResult.from_dict({"summary": {}})
+
+
+def test_the_cli_merges_result_files(tmp_path, capsys):
+    from specprefill_sdk.eval import cli
+
+    a = write_report(_seeded(0, True), tmp_path, stem="a", command="specprefill eval --seed 0", plot=False)
+    b = write_report(_seeded(1, False), tmp_path, stem="b", command="specprefill eval --seed 1", plot=False)
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(["--merge", str(a["json"]), str(b["json"]), "--out", str(tmp_path), "--name", "ab"])
+    assert cli.main(args) == 0
+    data = json.loads((tmp_path / "ab.json").read_text())
+    assert data["summary"]["draft-chunked"]["0.1"]["contains"] == 0.5
+    assert [src["command"] for src in data["sources"]] == ["specprefill eval --seed 0", "specprefill eval --seed 1"]
+    assert "`specprefill eval --seed 1`" in (tmp_path / "ab.md").read_text()
+    assert (tmp_path / "ab.png").exists()
+    missing = parser.parse_args(["--merge", str(tmp_path / "nope.json"), "--out", str(tmp_path)])
+    with pytest.raises(InvalidRequestError, match="cannot read"):
+        cli.main(missing)
 
 
 # ----------------------------------------------------------------------------- end to end on SmolLM2

@@ -9,7 +9,7 @@ Example::
 
 from __future__ import annotations
 
-from .harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult, run_eval
+from .harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult, merge_results, run_eval
 from .methods import DEFAULT_METHODS, METHOD_DESCRIPTIONS, build_methods, method_names
 from .metrics import contains_match, evidence_recall, exact_match, normalize_answer
 from .report import markdown_report, plot_report, write_report
@@ -30,6 +30,7 @@ __all__ = [
     "exact_match",
     "generate_samples",
     "markdown_report",
+    "merge_results",
     "method_names",
     "normalize_answer",
     "plot_report",

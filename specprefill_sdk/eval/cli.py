@@ -5,6 +5,7 @@ Example::
     specprefill eval --tasks niah_single qa_squad --lengths 1024 2048 --samples 2 --out results/
     specprefill eval --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --keep-rates 0.1 0.2
     specprefill eval --no-generate          # evidence recall only: no target model runs
+    specprefill eval --merge a.json b.json --name both   # one report over runs with other seeds
 """
 
 from __future__ import annotations
@@ -78,6 +79,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="eval-results", help="output folder (default: eval-results)")
     parser.add_argument("--name", default="eval", help="file name stem of the outputs (default: eval)")
     parser.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG plot")
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="run nothing: merge the result files of runs that differ only in their seed into one report "
+        "(only --out, --name and --no-plot apply)",
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
 
 
@@ -112,6 +122,8 @@ def main(args: argparse.Namespace) -> int:
     from .harness import run_eval
     from .report import markdown_report, write_report
 
+    if getattr(args, "merge", None):
+        return _merge(args)
     config = config_from_args(args)
     if args.plot:
         try:
@@ -139,6 +151,24 @@ def main(args: argparse.Namespace) -> int:
     console.print(markdown_report(result, command=command), markup=False, highlight=False)
     for kind, path in paths.items():
         console.print(f"{kind}: {path}", markup=False, highlight=False)
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from .harness import merge_results
+    from .report import load_result, write_report
+
+    results = []
+    for path in args.merge:
+        try:
+            results.append(load_result(path))
+        except (OSError, ValueError) as exc:
+            raise InvalidRequestError(f"cannot read {path}: {exc}", param="merge") from exc
+    merged = merge_results(results)
+    command = "specprefill eval --merge " + " ".join(shlex.quote(str(p)) for p in args.merge)
+    paths = write_report(merged, args.out, stem=args.name, command=command, plot=args.plot)
+    for kind, path in paths.items():
+        print(f"{kind}: {path}")
     return 0
 
 

@@ -37,7 +37,7 @@ from .methods import DEFAULT_METHODS, Method, build_methods, method_names
 from .metrics import contains_match, evidence_recall, exact_match, token_mask_for_spans
 from .tasks import EvalSample, generate_samples, task_names
 
-__all__ = ["DEFAULT_KEEP_RATES", "EvalConfig", "EvalResult", "run_eval"]
+__all__ = ["DEFAULT_KEEP_RATES", "EvalConfig", "EvalResult", "merge_results", "run_eval"]
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,10 @@ class EvalResult:
     environment: dict[str, Any] = field(default_factory=dict)
     started: str = ""
     elapsed_s: float = 0.0
+    #: the command that produced it, when read back from a file that records one
+    command: str | None = None
+    #: for a result of `merge_results`: one entry per run it holds (seed, samples, command, run time)
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def summary(self, by_task: bool = False) -> dict[str, Any]:
         """Means per method and keep rate: ``{method: {rate: {recall, contains, exact, keep_ratio, count}}}``.
@@ -133,7 +137,7 @@ class EvalResult:
         def keyed(summary: dict[str, Any]) -> dict[str, Any]:
             return {m: {f"{rate:g}": v for rate, v in rates.items()} for m, rates in summary.items()}
 
-        return {
+        data = {
             "config": asdict(self.config),
             "environment": self.environment,
             "started": self.started,
@@ -144,6 +148,96 @@ class EvalResult:
             "errors": self.errors,
             "records": self.records,
         }
+        if self.sources:
+            data["sources"] = self.sources
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvalResult:
+        """The result a JSON file written by `write_report` (or `specprefill eval`) holds.
+
+        Raises:
+            InvalidRequestError: the data lacks the configuration or the records (e.g. another file).
+        """
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict) or "records" not in data:
+            raise InvalidRequestError("not an evaluation result: it needs 'config' and 'records'", param="merge")
+        cfg = dict(data["config"])
+        for key in ("tasks", "lengths", "keep_rates", "methods"):
+            if key in cfg:
+                cfg[key] = tuple(cfg[key])
+        try:
+            config = EvalConfig(**cfg)
+        except TypeError as exc:
+            raise InvalidRequestError(f"the result's configuration does not fit this version: {exc}") from exc
+        return cls(
+            config=config,
+            records=list(data["records"]),
+            samples=list(data.get("samples", [])),
+            errors=list(data.get("errors", [])),
+            environment=dict(data.get("environment", {})),
+            started=str(data.get("started", "")),
+            elapsed_s=float(data.get("elapsed_s") or 0.0),
+            command=data.get("command"),
+            sources=list(data.get("sources") or []),
+        )
+
+
+#: what runs must share to be merged (the samples may differ: other seeds)
+_MERGE_FIELDS = ("model", "draft", "tasks", "lengths", "keep_rates", "methods", "generate", "dtype", "max_new_tokens")
+
+
+def merge_results(results: Sequence[EvalResult]) -> EvalResult:
+    """One result holding the samples of several runs of the same evaluation with different seeds.
+
+    The runs must agree on everything but the seed (and their sample counts): model, draft, tasks,
+    lengths, keep rates, methods, generation, dtype and answer length. Sample and record ids get the
+    run's seed appended (``niah_single/1024/0@seed1``) so that they stay unique; the summary is then
+    the mean over every sample of every run.
+
+    Raises:
+        InvalidRequestError: no runs, runs that differ in a setting above, or two runs with one seed
+            (the same samples twice).
+    """
+    results = list(results)
+    if not results:
+        raise InvalidRequestError("nothing to merge", param="merge")
+    first = results[0].config
+    for other in results[1:]:
+        for name in _MERGE_FIELDS:
+            if getattr(other.config, name) != getattr(first, name):
+                raise InvalidRequestError(
+                    f"cannot merge runs that differ in {name}: {getattr(first, name)!r} and "
+                    f"{getattr(other.config, name)!r}",
+                    param="merge",
+                )
+    sources = [
+        src
+        for r in results
+        for src in r.sources
+        or [{"seed": r.config.seed, "samples": r.config.samples, "command": r.command, "elapsed_s": r.elapsed_s}]
+    ]
+    seeds = [src["seed"] for src in sources]
+    if len(set(seeds)) != len(seeds):
+        raise InvalidRequestError(f"runs share a seed ({seeds}): they hold the same samples", param="merge")
+    merged = EvalResult(
+        config=EvalConfig(**{**asdict(first), "samples": sum(int(src["samples"]) for src in sources)}),
+        environment=results[0].environment,
+        started=min(r.started for r in results),
+        elapsed_s=sum(r.elapsed_s for r in results),
+        sources=sources,
+    )
+    for r in results:
+        single = not r.sources or len(r.sources) == 1
+
+        def tag(item: dict[str, Any], run: EvalResult = r, single: bool = single) -> dict[str, Any]:
+            if not single or "id" not in item:  # a merged input already carries its tags
+                return dict(item)
+            return {**item, "id": f"{item['id']}@seed{run.config.seed}"}
+
+        merged.records.extend(tag(x) for x in r.records)
+        merged.samples.extend(tag(x) for x in r.samples)
+        merged.errors.extend(r.errors)
+    return merged
 
 
 def _mean(values: Sequence[float]) -> float:

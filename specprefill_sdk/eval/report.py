@@ -54,13 +54,23 @@ def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
         "",
         f"- tasks: {', '.join(cfg.tasks)}",
         f"- lengths (tokens): {', '.join(str(n) for n in cfg.lengths)}; samples per task and length: {cfg.samples}; "
-        f"seed {cfg.seed}",
+        + (
+            "seeds " + ", ".join(str(src["seed"]) for src in result.sources)
+            if len(result.sources) > 1
+            else f"seed {cfg.seed}"
+        ),
         f"- samples in all: {len(result.samples)}; measurements: {len(result.records)}; "
         f"run time {result.elapsed_s / 60:.1f} min",
         f"- machine: {env.get('gpu') or env.get('processor', '?')}, {env.get('cpu_count', '?')} CPUs, "
         f"torch {env.get('torch', '?')}, transformers {env.get('transformers', '?')}, {env.get('device', '?')}, "
         f"{env.get('dtype', '?')}",
     ]
+    if len(result.sources) > 1:
+        lines.append(f"- merged from {len(result.sources)} runs:")
+        lines += [
+            f"  - seed {src['seed']}, {src['samples']} sample(s) per task and length: `{src.get('command') or '?'}`"
+            for src in result.sources
+        ]
     if command:
         lines.append(f"- command: `{command}`")
     lines += [
@@ -160,20 +170,8 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
 
 
 def load_result(path: str | Path) -> EvalResult:
-    """Read an `EvalResult` back from the JSON that `write_report` wrote (to re-plot or re-tabulate it)."""
-    from .harness import EvalConfig
-
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    cfg: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data["config"].items()}
-    return EvalResult(
-        config=EvalConfig(**cfg),
-        records=data["records"],
-        samples=data["samples"],
-        errors=data.get("errors", []),
-        environment=data.get("environment", {}),
-        started=data.get("started", ""),
-        elapsed_s=float(data.get("elapsed_s", 0.0)),
-    )
+    """Read an `EvalResult` back from the JSON that `write_report` wrote (to re-plot, re-tabulate or merge it)."""
+    return EvalResult.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
 
 
 def write_report(
