@@ -24,7 +24,6 @@ import argparse
 import json
 import logging
 import sys
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -40,10 +39,10 @@ from ttft_gpu import (  # noqa: E402
     PAIRS,
     Bench,
     build_model,
-    environment,
     plain_forward,
     report_header,
     selector,
+    start_run,
     synthetic_tokenizer,
     tiny,
 )
@@ -290,18 +289,9 @@ def main() -> int:
     if args.render:
         args.render.with_suffix(".md").write_text(markdown(json.loads(args.render.read_text())))
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
-    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if args.tiny:
         args.lengths, args.pipeline_n = [256, 512], 512
-    bench = Bench(device=device, repeats=args.repeats, deadline=time.perf_counter() + 1e9)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {
-        "benchmark": "profile_gpu",
-        "command": "python " + " ".join(sys.argv),
-        "environment": environment(device),
-    }
+    device, bench, out, result = start_run("profile_gpu", args, budget_s=1e9)
 
     def save() -> None:
         (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")

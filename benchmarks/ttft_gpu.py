@@ -580,6 +580,21 @@ def environment(device: torch.device) -> dict[str, Any]:
     return env
 
 
+def start_run(name: str, args: argparse.Namespace, budget_s: float) -> tuple[torch.device, Bench, Path, dict[str, Any]]:
+    """Logging, the device (CPU with ``--tiny`` or without CUDA), the timer, the output folder, the result's head."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
+    bench = Bench(device=device, repeats=args.repeats, deadline=time.perf_counter() + budget_s)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {
+        "benchmark": name,
+        "command": "python " + " ".join(sys.argv),
+        "environment": environment(device),
+    }
+    return device, bench, out, result
+
+
 def report_header(title: str, result: dict[str, Any], timing: str) -> list[str]:
     """The first lines of a markdown report: title, machine and software, command and how it timed."""
     env = result["environment"]
@@ -751,22 +766,10 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="ttft_gpu_h200")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
-    device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     if args.tiny:
         args.lengths = [n for n in args.lengths if n <= 1024] or [256, 512]
-    bench = Bench(device=device, repeats=args.repeats, deadline=time.perf_counter() + args.budget_s)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {
-        "benchmark": "ttft_gpu",
-        "command": "python " + " ".join(sys.argv),
-        "environment": environment(device),
-        "repeats": args.repeats,
-        "tiny": args.tiny,
-        "configs": {},
-        "rows": [],
-    }
+    device, bench, out, result = start_run("ttft_gpu", args, args.budget_s)
+    result.update(repeats=args.repeats, tiny=args.tiny, configs={}, rows=[])
 
     def sink(row: dict[str, Any]) -> None:
         result["rows"].append(row)

@@ -278,6 +278,8 @@ def test_merge_pools_the_samples_of_runs_with_other_seeds(tmp_path):
     assert [src["seed"] for src in again.sources] == [0, 1, 2]
     assert again.summary()["draft-chunked"][0.3]["count"] == 6
     assert len({x["id"] for x in again.samples}) == len(again.samples) == 6
+    alone = merge_results([_seeded(4, True)])  # a merge of one run, merged again, is not tagged twice
+    assert {x["id"] for x in merge_results([alone, _seeded(5, True)]).samples} >= {"qa_squad/1024/0@seed4"}
 
 
 def test_merge_refuses_other_settings_and_a_repeated_seed():

@@ -227,10 +227,9 @@ def merge_results(results: Sequence[EvalResult]) -> EvalResult:
         sources=sources,
     )
     for r in results:
-        single = not r.sources or len(r.sources) == 1
 
-        def tag(item: dict[str, Any], run: EvalResult = r, single: bool = single) -> dict[str, Any]:
-            if not single or "id" not in item:  # a merged input already carries its tags
+        def tag(item: dict[str, Any], run: EvalResult = r) -> dict[str, Any]:
+            if run.sources or "id" not in item:  # the output of a merge already carries its tags
                 return dict(item)
             return {**item, "id": f"{item['id']}@seed{run.config.seed}"}
 

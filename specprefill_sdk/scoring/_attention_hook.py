@@ -184,7 +184,8 @@ class ScoreCollector(_Observer):
         (``[L, B, KVH, >= prompt_len, d]``) hold each layer's prompt keys in their first ``prompt_len``
         slots; ``scalings[l]`` is layer ``l``'s softmax scaling. Only for models whose every layer
         attends globally without a logit soft-cap (what `StaticLookAhead` accepts): the result is the
-        one `observe` gives layer by layer and query by query, with the same fp32 arithmetic.
+        one `observe` gives layer by layer and query by query, in fp32 (when every layer has the same
+        scaling, the product applies it before its one rounding instead of after it).
 
         Layers are reduced in groups sized so that a group's fp32 score rows and keys stay within
         ``group_elements`` elements; with short prompts one group holds every layer, so the reduction

@@ -17,6 +17,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import threading
@@ -38,9 +39,14 @@ __all__ = ["DraftAttentionScorer"]
 logger = logging.getLogger(__name__)
 
 
-#: SDPA kernels by name, for ``DraftAttentionScorer(attention_backends=...)``
-_SDPA_BACKENDS = ("cudnn", "flash", "efficient", "math")
-DEFAULT_ATTENTION_BACKENDS: tuple[str, ...] = _SDPA_BACKENDS
+#: SDPA kernels by name, for ``DraftAttentionScorer(attention_backends=...)``: name -> `SDPBackend` member
+_SDPA_KERNELS = {
+    "cudnn": "CUDNN_ATTENTION",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "math": "MATH",
+}
+DEFAULT_ATTENTION_BACKENDS: tuple[str, ...] = tuple(_SDPA_KERNELS)
 
 
 def _attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | None:
@@ -49,13 +55,21 @@ def _attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | None:
     if isinstance(value, str):
         value = (value,)
     names = tuple(value)
-    unknown = [n for n in names if n not in _SDPA_BACKENDS]
+    unknown = [n for n in names if n not in _SDPA_KERNELS]
     if not names or unknown:
         raise InvalidRequestError(
-            f"attention_backends must be a non-empty sequence of {', '.join(_SDPA_BACKENDS)}; got {value!r}",
+            f"attention_backends must be a non-empty sequence of {', '.join(_SDPA_KERNELS)}; got {value!r}",
             param="attention_backends",
         )
     return names
+
+
+@functools.cache
+def _sdpa_takes_priority() -> bool:
+    """Whether this torch's `sdpa_kernel` orders the kernels it is given (``set_priority``)."""
+    from torch.nn.attention import sdpa_kernel
+
+    return "set_priority" in inspect.signature(sdpa_kernel).parameters
 
 
 def _sdpa_context(names: tuple[str, ...] | None, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -64,14 +78,8 @@ def _sdpa_context(names: tuple[str, ...] | None, device: torch.device) -> contex
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    members = {
-        "cudnn": SDPBackend.CUDNN_ATTENTION,
-        "flash": SDPBackend.FLASH_ATTENTION,
-        "efficient": SDPBackend.EFFICIENT_ATTENTION,
-        "math": SDPBackend.MATH,
-    }
-    backends = [members[n] for n in names]
-    if "set_priority" in inspect.signature(sdpa_kernel).parameters:
+    backends = [getattr(SDPBackend, _SDPA_KERNELS[n]) for n in names]
+    if _sdpa_takes_priority():
         return sdpa_kernel(backends, set_priority=True)
     return sdpa_kernel(backends)
 
