@@ -87,6 +87,18 @@ def static_phases(scorer: DraftAttentionScorer, prompt: Prompt, bench: Bench) ->
     return out
 
 
+def compare_scores(a: Any, b: Any) -> dict[str, Any]:
+    """How far two scorings of one prompt are apart: look-ahead tokens, largest difference, top-10% overlap."""
+    k = max(1, len(a.values) // 10)
+    top_a, top_b = set(a.values.topk(k).indices.tolist()), set(b.values.topk(k).indices.tolist())
+    return {
+        "same_look_ahead": a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"],
+        "max_abs_diff": float((a.values - b.values).abs().max()),
+        "max_score": float(b.values.max()),
+        "top10_overlap": len(top_a & top_b) / k,
+    }
+
+
 def sdpa_kernels(loaded: Any, ids: torch.Tensor, bench: Bench) -> dict[str, float]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -159,6 +171,8 @@ def draft_rows(name: str, draft: Any, tokenizer: Any, lengths: list[int], bench:
     scorers = {
         la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=tokenizer) for la in (1, 8)
     }
+    # transformers' own RMSNorm (eight kernels) in the scoring passes, for comparison
+    unfused = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=tokenizer, fused_norms=False)
     gen = torch.Generator().manual_seed(99)
     for n in lengths:
         ids_cpu = torch.randint(1000, draft.model.config.vocab_size - 1000, (n,), generator=gen)
@@ -169,8 +183,11 @@ def draft_rows(name: str, draft: Any, tokenizer: Any, lengths: list[int], bench:
         row["plain_prefill_nocache_ms"] = bench.median(partial(plain_nocache, draft, ids))[0]
         for la, scorer in scorers.items():
             row[f"score_la{la}_ms"] = bench.median(partial(scorer.score, prompt))[0]
+        row["score_la8_unfused_ms"] = bench.median(partial(unfused.score, prompt))[0]
+        row["fused_vs_unfused"] = compare_scores(scorers[8].score(prompt), unfused.score(prompt))
         if scorers[8]._static:
             row["la8_phases"] = static_phases(scorers[8], prompt, bench)
+            row["la8_unfused_phases"] = static_phases(unfused, prompt, bench)
         row["sdpa"] = sdpa_kernels(draft, ids, bench)
         logger.info("draft %s", row)
         rows.append(row)
@@ -226,18 +243,32 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "## Scoring phases (drafts alone)",
         "",
+        "LA8 phases with RMSNorm fused in the scoring passes (the default) and, after the slash, with "
+        "transformers' own RMSNorm (`fused_norms=False`).",
+        "",
         "| draft | n | plain prefill ms | no-cache prefill ms | score LA1 ms | score LA8 ms "
         "| LA8 prefill ms | LA8 steps ms (per step) | LA8 reduction ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    nan = float("nan")
     for d in result.get("drafts", []):
-        ph = d.get("la8_phases", {})
+        ph, un = d.get("la8_phases", {}), d.get("la8_unfused_phases", {})
         lines.append(
             f"| {d['draft']} | {d['n']} | {d['plain_prefill_ms']:.1f} | {d['plain_prefill_nocache_ms']:.1f} "
-            f"| {d['score_la1_ms']:.1f} | {d['score_la8_ms']:.1f} | {ph.get('prefill_ms', float('nan')):.1f} "
-            f"| {ph.get('steps_ms', float('nan')):.1f} ({ph.get('step_ms', float('nan')):.2f}) "
-            f"| {ph.get('reduce_ms', float('nan')):.1f} |"
+            f"| {d['score_la1_ms']:.1f} | {d['score_la8_ms']:.1f} / {d.get('score_la8_unfused_ms', nan):.1f} "
+            f"| {ph.get('prefill_ms', nan):.1f} / {un.get('prefill_ms', nan):.1f} "
+            f"| {ph.get('steps_ms', nan):.1f} ({ph.get('step_ms', nan):.2f}) / {un.get('steps_ms', nan):.1f} "
+            f"({un.get('step_ms', nan):.2f}) | {ph.get('reduce_ms', nan):.1f} |"
         )
+    lines += ["", "Fused against transformers' RMSNorm, the same prompt scored (look-ahead 8):", ""]
+    for d in result.get("drafts", []):
+        c = d.get("fused_vs_unfused")
+        if c:
+            lines.append(
+                f"- {d['draft']}, n = {d['n']}: same look-ahead tokens {c['same_look_ahead']}, largest score "
+                f"difference {c['max_abs_diff']:.2e} (largest score {c['max_score']:.2e}), top-10% overlap "
+                f"{c['top10_overlap']:.1%}"
+            )
     lines += [
         "",
         "## Plain prefill by SDPA kernel (ms)",

@@ -11,6 +11,7 @@ them in stacked fixed buffers so that:
   its position, its cache slot, a 4-D additive mask whose slot is unmasked in place, the step index),
   so that on CUDA it is captured once as a graph and replayed. Run eagerly, each step of a small model
   costs far more in Python and kernel launches than in arithmetic;
+- Llama-style RMSNorm layers run as one fused kernel plus the weight (`._norms`), when asked;
 - all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
   the same arithmetic as one at a time.
 
@@ -21,6 +22,7 @@ buffers stay allocated until `release` or until a larger prompt needs a larger g
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
@@ -29,6 +31,7 @@ from typing import Any
 import torch
 
 from ._attention_hook import QueryRecorder
+from ._norms import fused_norms
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 
@@ -79,8 +82,12 @@ class StaticLookAhead:
     One scoring call at a time: `DraftAttentionScorer` holds its own lock around all three.
     """
 
-    def __init__(self, model: Any, batch: int, capacity: int, steps: int, *, cuda_graph: bool) -> None:
+    def __init__(
+        self, model: Any, batch: int, capacity: int, steps: int, *, cuda_graph: bool, fused_norms: bool = False
+    ) -> None:
         self.model = model
+        #: run the norms `install_fused_norms` converted as fused kernels in the prefill and the steps
+        self.fused_norms = fused_norms
         self.batch, self.capacity, self.steps = batch, capacity, steps
         device = next(model.parameters()).device
         dtype = model.dtype
@@ -148,7 +155,7 @@ class StaticLookAhead:
         self.index.zero_()
         self.recorder.sink = sink
         try:
-            with torch.inference_mode(), self.recorder.active():
+            with torch.inference_mode(), self.recorder.active(), self._norms():
                 out = self.model(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -159,6 +166,9 @@ class StaticLookAhead:
         finally:
             self.recorder.sink = None
         return out.logits[:, -1].argmax(-1)
+
+    def _norms(self) -> contextlib.AbstractContextManager[None]:
+        return fused_norms() if self.fused_norms else contextlib.nullcontext()
 
     def scalings(self) -> list[float]:
         """Each layer's softmax scaling, as the prefill's attention calls reported it."""
@@ -180,7 +190,7 @@ class StaticLookAhead:
         `prefill` must have filled the buffers. Afterwards `query_stack` holds every layer's queries
         0 .. steps.
         """
-        with torch.inference_mode(), self.recorder.active():
+        with torch.inference_mode(), self.recorder.active(), self._norms():
             if self.use_graph and self.graph is None:
                 self._reset(first_token, lengths, pad, width)
                 self._step()  # warms every kernel up before capture; its writes are reset below

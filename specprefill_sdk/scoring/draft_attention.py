@@ -33,6 +33,7 @@ from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import ScoreCollector, install, skipped_layers
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
+from ._norms import install_fused_norms
 
 __all__ = ["DraftAttentionScorer"]
 
@@ -115,6 +116,10 @@ class DraftAttentionScorer:
             torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
             turns cuDNN attention off for the whole process (the draft's 32K prefill then takes
             1.24x as long on an H200). The choice applies process-wide while a call runs.
+        fused_norms: for drafts of the fixed-buffer kind, run their Llama-style RMSNorm layers as
+            torch's fused ``rms_norm`` plus the weight inside a scoring call (two kernels instead of
+            eight; the same function, up to float32 summation order). Outside a scoring call, and in
+            other threads, the model computes exactly what transformers computes.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
@@ -144,10 +149,12 @@ class DraftAttentionScorer:
         max_batch_tokens: int = 16384,
         cuda_graph: bool = True,
         attention_backends: Sequence[str] | None = DEFAULT_ATTENTION_BACKENDS,
+        fused_norms: bool = True,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
         self.cuda_graph = bool(cuda_graph)
         self.attention_backends = _attention_backends(attention_backends)
+        self.fused_norms = bool(fused_norms)
         self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
         self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
         if isinstance(draft, LoadedModel):
@@ -162,6 +169,8 @@ class DraftAttentionScorer:
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
         self._static = supports_static_look_ahead(model)
+        if self._static and self.fused_norms:
+            install_fused_norms(model)
         self._runner: StaticLookAhead | None = None
         self._runner_lock = threading.Lock()
         self.target_tokenizer = target_tokenizer
@@ -190,6 +199,7 @@ class DraftAttentionScorer:
             max_batch_tokens=self.max_batch_tokens,
             cuda_graph=self.cuda_graph,
             attention_backends=self.attention_backends,
+            fused_norms=self.fused_norms,
         )
 
     def release(self) -> None:
@@ -360,7 +370,9 @@ class DraftAttentionScorer:
         if keep:
             self._runner = None  # free the old buffers before allocating new ones
         capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
-        runner = StaticLookAhead(self.loaded.model, size, capacity, steps, cuda_graph=keep)
+        runner = StaticLookAhead(
+            self.loaded.model, size, capacity, steps, cuda_graph=keep, fused_norms=self.fused_norms
+        )
         if keep:
             self._runner = runner
         return runner

@@ -1,0 +1,98 @@
+"""Fused RMSNorm inside scoring passes: which norms convert, when the fused path runs, what it computes."""
+
+from __future__ import annotations
+
+import copy
+import threading
+
+import pytest
+import torch
+
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.scoring._norms import fused_norms, install_fused_norms
+
+
+class CountingRMSNorm(torch.nn.Module):
+    """transformers' Llama formula, counting how often it runs."""
+
+    calls = 0
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.rand(size) + 0.5)
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        CountingRMSNorm.calls += 1
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(dtype)
+
+
+class OffsetRMSNorm(CountingRMSNorm):
+    """Gemma's formula: ``1 + weight``; it must keep its own forward."""
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        x = hidden_states.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (x * (1.0 + self.weight.float())).to(hidden_states.dtype)
+
+
+def test_the_fused_path_runs_only_inside_the_context_of_this_thread() -> None:
+    model = torch.nn.Sequential(CountingRMSNorm(32))
+    assert install_fused_norms(model) == 1 and install_fused_norms(model) == 0
+    norm = model[0]
+    x = torch.randn(4, 32) * 3
+    CountingRMSNorm.calls = 0
+    expected = norm(x)
+    assert CountingRMSNorm.calls == 1
+    seen: list[int] = []
+    with fused_norms():
+        torch.testing.assert_close(norm(x), expected, rtol=1e-6, atol=1e-6)
+        assert CountingRMSNorm.calls == 1  # the fused path, not the module's own forward
+
+        def other_thread() -> None:
+            norm(x)
+            seen.append(CountingRMSNorm.calls)
+
+        worker = threading.Thread(target=other_thread)
+        worker.start()
+        worker.join()
+    assert seen == [2]  # another thread runs transformers' forward
+    norm(x)
+    assert CountingRMSNorm.calls == 3
+    clone = copy.deepcopy(norm)
+    with fused_norms():
+        torch.testing.assert_close(clone(x), expected, rtol=1e-6, atol=1e-6)
+    assert CountingRMSNorm.calls == 3
+
+
+def test_a_norm_with_another_formula_keeps_its_forward() -> None:
+    model = torch.nn.Sequential(OffsetRMSNorm(32), CountingRMSNorm(32))
+    assert install_fused_norms(model) == 1
+    assert type(model[0]) is OffsetRMSNorm and type(model[1]) is not CountingRMSNorm
+
+
+def test_smollm_norms_are_fused_and_bf16_results_equal_transformers(smollm) -> None:
+    model = copy.deepcopy(smollm.model)
+    layers = model.config.num_hidden_layers
+    assert install_fused_norms(model) == 2 * layers + 1
+    norm = model.model.layers[3].post_attention_layernorm
+    x = torch.randn(2, 9, model.config.hidden_size, dtype=torch.bfloat16) * 5
+    plain = norm(x)
+    with fused_norms():
+        fused = norm(x)
+    assert fused.dtype == plain.dtype == torch.bfloat16
+    torch.testing.assert_close(fused, plain, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("look_ahead", [1, 8])
+def test_scores_with_and_without_fused_norms_agree(smollm_fp32, essay, look_ahead) -> None:
+    prompt = build_prompt(smollm_fp32.tokenizer, essay[:2500] + "\nWhat is the essay about?")
+    fused = DraftAttentionScorer(smollm_fp32, look_ahead=look_ahead).score(prompt)
+    plain = DraftAttentionScorer(smollm_fp32, look_ahead=look_ahead, fused_norms=False).score(prompt)
+    assert fused.info["look_ahead_token_ids"] == plain.info["look_ahead_token_ids"]
+    torch.testing.assert_close(fused.values, plain.values, rtol=1e-4, atol=1e-7)
