@@ -102,7 +102,7 @@ def compare_scores(a: Any, b: Any) -> dict[str, Any]:
 def sdpa_kernels(loaded: Any, ids: torch.Tensor, bench: Bench) -> dict[str, float]:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    out: dict[str, float] = {"default": bench.median(partial(plain_forward, loaded, ids))[0]}
+    out: dict[str, float] = {"default": bench.median(partial(plain_forward, loaded, ids, ordered=False))[0]}
     for name, backend in (
         ("flash", SDPBackend.FLASH_ATTENTION),
         ("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -110,7 +110,7 @@ def sdpa_kernels(loaded: Any, ids: torch.Tensor, bench: Bench) -> dict[str, floa
     ):
         try:
             with sdpa_kernel([backend]):
-                out[name] = bench.median(partial(plain_forward, loaded, ids))[0]
+                out[name] = bench.median(partial(plain_forward, loaded, ids, ordered=False))[0]
         except Exception as exc:  # a kernel the device lacks is reported, not fatal
             out[name] = float("nan")
             logger.warning("sdpa %s: %s", name, str(exc).splitlines()[0][:200])

@@ -28,6 +28,7 @@ Usage (device machine)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
@@ -235,12 +236,44 @@ def peak_extra(device: torch.device, fn: Callable[[], Any]) -> float:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def sdpa_order() -> list[str]:
+    """The SDPA kernels torch would try now, in order (empty where this torch cannot say)."""
+    from torch.nn.attention import SDPBackend
+
+    read = getattr(torch._C, "_get_sdp_priority_order", None)
+    if read is None:
+        return []
+    members = [getattr(SDPBackend, n) for n in ("MATH", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "CUDNN_ATTENTION")]
+    names = {int(b): b.name for b in members}
+    return [names.get(int(i), str(i)) for i in read()]
+
+
+def best_kernels(device: torch.device) -> Any:
+    """SDPA in torch's Hopper order (cuDNN, flash, efficient, math) for the plain baselines, on CUDA.
+
+    A plain forward should not run a slower kernel than the scorer's prefill does (which asks for this
+    order itself).
+    """
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from specprefill_sdk.scoring.draft_attention import settle_sdpa_order
+
+    settle_sdpa_order(device)  # else this context would leave flash first for everything after it
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(order, set_priority=True)
+
+
 @torch.inference_mode()
-def plain_forward(loaded: LoadedModel, ids: torch.Tensor, positions: torch.Tensor | None = None) -> int:
+def plain_forward(
+    loaded: LoadedModel, ids: torch.Tensor, positions: torch.Tensor | None = None, *, ordered: bool = True
+) -> int:
     """A plain prefill: HF forward (SDPA causal, KV cache written, last logits only) and the greedy token.
 
     With a cache given and no mask, transformers builds a slot-causal mask; for the sorted positions
     of kept tokens that is exactly their position-causal mask, so this is also the direct kept prefill.
+    SDPA runs in `best_kernels` order (``ordered=False``: in whatever the caller set).
     """
     from transformers import DynamicCache
 
@@ -249,7 +282,8 @@ def plain_forward(loaded: LoadedModel, ids: torch.Tensor, positions: torch.Tenso
     if positions is not None:
         kwargs["position_ids"] = positions[None]
     kwargs[_cache_kw(model)] = DynamicCache(config=model.config)
-    out = model(**kwargs)
+    with best_kernels(loaded.device) if ordered else contextlib.nullcontext():
+        out = model(**kwargs)
     return int(out.logits[0, -1].argmax())
 
 
@@ -333,6 +367,7 @@ def bench_length(
     n = prompt.n
     ids = torch.tensor(prompt.token_ids, device=dev)
     row: dict[str, Any] = {"pair": pair, "target": target.name, "draft": draft.name, "n": n}
+    row["sdpa_order"] = sdpa_order()  # what unordered code (the backend's kept prefill) gets
     full, runs = bench.median(partial(plain_forward, target, ids))
     row["full_plain_ms"], row["full_plain_runs"] = full, runs
     if args.backend_full and n <= args.backend_full_max:

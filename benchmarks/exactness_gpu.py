@@ -1,0 +1,130 @@
+"""Exactness of the GPU scoring paths against the slow reference, in float32 and in bf16.
+
+For each draft architecture (random weights), one prompt of random ids, look-ahead 8, scored by:
+
+- ``graph``: `DraftAttentionScorer` as shipped (fixed buffers, CUDA graph, fused RMSNorm);
+- ``eager``: the same without the CUDA graph;
+- ``unfused``: the CUDA graph with transformers' own RMSNorm (``fused_norms=False``);
+- ``stepwise``: step-by-step decoding over a growing cache (the path of windowed drafts);
+- ``reference``: `reference_draft_attention_scores` (eager attention, whole-sequence recompute).
+
+Each is compared with the reference: the largest score difference relative to the largest score, and
+whether the look-ahead tokens are the same. In float32 every path must agree with the reference; in
+bf16 a greedy look-ahead token may flip where the draft's two best logits are closer than bf16's
+rounding, so the report also gives the smallest top-2 logit margin of the reference's look-ahead.
+
+Usage::
+
+    python benchmarks/exactness_gpu.py --out $OUT          # on the H200
+    python benchmarks/exactness_gpu.py --tiny --out /tmp/x # a CPU check of the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from ttft_gpu import CONFIGS, build_model, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
+
+from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
+from specprefill_sdk.scoring.reference import reference_draft_attention_scores  # noqa: E402
+from specprefill_sdk.types import Prompt  # noqa: E402
+
+DRAFTS = ("llama-3.2-1b", "qwen2.5-0.5b")
+LOOK_AHEAD = 8
+
+
+def smallest_margin(loaded: Any, ids: list[int], continuation: list[int]) -> float:
+    """The smallest gap between the two best logits over the reference's greedy look-ahead decisions."""
+    sequence = torch.tensor([ids + continuation], device=loaded.device)
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=sequence).logits[0, len(ids) - 1 :].float()
+    top = logits.topk(2, dim=-1).values
+    return float((top[:, 0] - top[:, 1]).min())
+
+
+def compare(loaded: Any, tokenizer: Any, n: int) -> dict[str, Any]:
+    vocab = loaded.model.config.vocab_size
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.randint(1000 if vocab > 5000 else 10, vocab - 10, (n,), generator=gen).tolist()
+    prompt = Prompt.from_token_ids(ids)
+    graph = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer)
+    eager = graph.with_options()
+    eager.cuda_graph = False
+    unfused = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, fused_norms=False)
+    stepwise = graph.with_options()
+    stepwise._static = False
+    expected, continuation = reference_draft_attention_scores(loaded, ids, look_ahead=LOOK_AHEAD)
+    peak = float(expected.abs().max())
+    row: dict[str, Any] = {"n": n, "dtype": str(loaded.dtype).removeprefix("torch."), "reference_peak": peak}
+    for name, scorer in (("graph", graph), ("eager", eager), ("unfused", unfused), ("stepwise", stepwise)):
+        got = scorer.score(prompt)
+        row[name] = {
+            "rel": float((got.values - expected).abs().max()) / peak,
+            "same_tokens": list(got.info["look_ahead_token_ids"]) == continuation[: LOOK_AHEAD - 1],
+        }
+    graph.release()
+    unfused.release()
+    row["min_top2_margin"] = smallest_margin(loaded, ids, continuation)
+    return row
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        *report_header("Scoring paths against the slow reference (look-ahead 8, random weights)", result, "one run"),
+        "",
+        "Each cell: largest score difference / largest reference score; `=` when the look-ahead tokens "
+        "equal the reference's, `≠` when not.",
+        "",
+        "| draft | dtype | n | graph (shipped) | eager | unfused norms | stepwise | smallest top-2 logit margin |",
+        "|---|---|---:|---|---|---|---|---:|",
+    ]
+    for r in result["rows"]:
+        paths = ("graph", "eager", "unfused", "stepwise")
+        cells = " | ".join(f"{r[k]['rel']:.1e} {'=' if r[k]['same_tokens'] else '≠'}" for k in paths)
+        lines.append(f"| {r['draft']} | {r['dtype']} | {r['n']} | {cells} | {r['min_top2_margin']:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--n", type=int, default=2048)
+    parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
+    parser.add_argument("--out", default="/tmp/exactness_gpu")
+    parser.add_argument("--name", default="exactness_gpu_h200")
+    args = parser.parse_args()
+    args.repeats = 1
+    if args.tiny:
+        args.n = min(args.n, 256)
+    device, _, out, result = start_run("exactness_gpu", args, budget_s=1e9)
+    result["rows"] = []
+    for name in DRAFTS:
+        config = tiny(CONFIGS[name]) if args.tiny else CONFIGS[name]
+        tokenizer = synthetic_tokenizer(config["vocab_size"])
+        loaded = build_model(name, config, device, tokenizer)
+        for dtype in (torch.float32, torch.bfloat16):
+            loaded.model.to(dtype)
+            loaded.dtype = dtype
+            row = {"draft": name, **compare(loaded, tokenizer, args.n)}
+            result["rows"].append(row)
+            sys.stdout.write(json.dumps(row) + "\n")
+        del loaded
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (out / f"{args.name}.md").write_text(markdown(result))
+    sys.stdout.write(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
