@@ -33,10 +33,22 @@ def test_ttft_gpu_check_mode_writes_every_cell(tmp_path):
 def test_profile_gpu_check_mode_breaks_scoring_into_phases(tmp_path):
     _run("profile_gpu.py", "--tiny", "--repeats", "1", "--out", str(tmp_path))
     result = json.loads((tmp_path / "profile_gpu_h200.json").read_text())
-    phases = [d["la8_phases"] for d in result["drafts"]]
+    phases = [d["la8_phases"] for d in result["drafts"]] + [d["la8_unfused_phases"] for d in result["drafts"]]
     assert phases and all(p["prefill_ms"] > 0 and p["steps_ms"] > 0 and p["reduce_ms"] > 0 for p in phases)
+    assert all(d["fused_vs_unfused"]["same_look_ahead"] for d in result["drafts"])
     assert result["pipeline"]["e2e_ms"] > 0
     assert "## Scoring phases" in (tmp_path / "profile_gpu_h200.md").read_text()
+
+
+def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
+    _run("exactness_gpu.py", "--tiny", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "exactness_gpu_h200.json").read_text())
+    fp32 = [r for r in result["rows"] if r["dtype"] == "float32"]
+    assert {r["draft"] for r in fp32} == {"llama-3.2-1b", "qwen2.5-0.5b"}
+    for row in fp32:
+        for path in ("graph", "eager", "unfused", "stepwise"):
+            assert row[path]["same_tokens"] and row[path]["rel"] < 1e-4, (row["draft"], path, row[path])
+    assert "smallest top-2 logit margin" in (tmp_path / "exactness_gpu_h200.md").read_text()
 
 
 def test_host_overhead_benchmark_reports_each_difference(tmp_path):
