@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import pickle
 import threading
 
 import pytest
@@ -64,10 +65,17 @@ def test_the_fused_path_runs_only_inside_the_context_of_this_thread() -> None:
     assert seen == [2]  # another thread runs transformers' forward
     norm(x)
     assert CountingRMSNorm.calls == 3
-    clone = copy.deepcopy(norm)
-    with fused_norms():
-        torch.testing.assert_close(clone(x), expected, rtol=1e-6, atol=1e-6)
-    assert CountingRMSNorm.calls == 3
+
+
+def test_a_converted_norm_pickles_and_copies_as_its_original_class() -> None:
+    model = torch.nn.Sequential(CountingRMSNorm(32))
+    install_fused_norms(model)
+    x = torch.randn(4, 32)
+    expected = model(x)
+    for clone in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+        assert type(clone[0]) is CountingRMSNorm
+        torch.testing.assert_close(clone(x), expected, rtol=0, atol=0)
+    assert install_fused_norms(clone) == 1
 
 
 def test_a_norm_with_another_formula_keeps_its_forward() -> None:

@@ -10,7 +10,8 @@ the weight: two kernels.
 
 `install_fused_norms` gives each such module a subclass whose ``forward`` takes that path only while
 `fused_norms` is active in the calling context; at any other time (and in other threads) the module
-computes exactly what transformers' own ``forward`` computes. A norm class is converted only after a
+computes exactly what transformers' own ``forward`` computes. Pickled or deep-copied, a converted
+module comes back as its original class. A norm class is converted only after a
 check on a small input that both give the same result, so an ``RMSNorm`` with another formula (Gemma's
 ``1 + weight``) keeps its own.
 """
@@ -46,6 +47,13 @@ def _fused(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
     return module.weight * normed
 
 
+def _restore(cls: Any, state: dict[str, Any]) -> Any:
+    """A module of class ``cls`` with ``state`` (how a converted norm is unpickled or copied)."""
+    module = cls.__new__(cls)
+    module.__setstate__(state)
+    return module
+
+
 def _candidate(module: Any) -> bool:
     weight = getattr(module, "weight", None)
     return (
@@ -79,7 +87,13 @@ def _fused_class(cls: Any) -> Any:
             return cls.forward(self, hidden_states, *args, **kwargs)
         return _fused(self, hidden_states)
 
-    return type(cls.__name__, (cls,), {"forward": forward, "__module__": cls.__module__, "_specprefill_fused": True})
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        # Pickled or deep-copied, a converted norm becomes the class it came from: this class exists only
+        # in this process, and a copy is a new model that a scorer converts again when it needs to.
+        return _restore, (cls, dict(self.__dict__))
+
+    namespace = {"forward": forward, "__reduce_ex__": __reduce_ex__, "__module__": cls.__module__}
+    return type(cls.__name__, (cls,), {**namespace, "_specprefill_fused": True})
 
 
 def install_fused_norms(model: Any) -> int:
