@@ -768,6 +768,18 @@ def stage_speed(
     return result
 
 
+def steady_rate(first_token_s: list[float]) -> float | None:
+    """Requests per second between the first and the last first token of a burst (None below two).
+
+    Unlike the count within a deadline, which moves by a whole request when one first token lands
+    just before or after it, this rate does not depend on where the deadline falls.
+    """
+    times = sorted(first_token_s)
+    if len(times) < 2 or times[-1] <= times[0]:
+        return None
+    return (len(times) - 1) / (times[-1] - times[0])
+
+
 def throughput(
     backend: Any, scorer: Any, selector: Any, n: int, deadline_s: float, burst: int, rng: np.random.Generator
 ) -> dict[str, Any]:
@@ -851,6 +863,11 @@ def throughput(
     logger.info("throughput specprefill %s", result["specprefill"])
     v = result["vanilla"]["requests_per_s"]
     result["gain"] = round(result["specprefill"]["requests_per_s"] / v, 2) if v else None
+    for mode in ("vanilla", "specprefill"):
+        rate = steady_rate(result[mode]["first_token_s"])
+        result[mode]["steady_requests_per_s"] = None if rate is None else round(rate, 3)
+    sv, ss = result["vanilla"]["steady_requests_per_s"], result["specprefill"]["steady_requests_per_s"]
+    result["steady_gain"] = round(ss / sv, 2) if sv and ss else None
     return result
 
 

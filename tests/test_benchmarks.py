@@ -56,3 +56,17 @@ def test_host_overhead_benchmark_reports_each_difference(tmp_path):
     result = json.loads((tmp_path / "host_overhead_cpu.json").read_text())
     assert set(result["overhead_ms"]) == {"score_over_draft_plain", "backend_over_kept_plain", "pipeline_over_parts"}
     assert result["layers"] == {"target": 32, "draft": 16} and result["kept"] < 48
+
+
+def test_the_steady_rate_of_a_burst_ignores_where_the_deadline_falls():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("vllm_gpu", ROOT / "benchmarks" / "vllm_gpu.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # the first tokens of the H200 run in benchmarks/results/vllm_gpu.json
+    vanilla = [1.49, 2.68, 3.87, 5.07]
+    assert abs(module.steady_rate(vanilla) - 3 / 3.58) < 1e-9
+    assert abs(module.steady_rate([*vanilla[:3], 4.76]) - 3 / 3.27) < 1e-9
+    assert module.steady_rate([1.0]) is None and module.steady_rate([]) is None
