@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
+from specprefill_sdk._norms import fused_norms, install_fused_norms
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer
-from specprefill_sdk.scoring._norms import fused_norms, install_fused_norms
 
 
 class CountingRMSNorm(torch.nn.Module):
@@ -104,3 +104,28 @@ def test_scores_with_and_without_fused_norms_agree(smollm_fp32, essay, look_ahea
     plain = DraftAttentionScorer(smollm_fp32, look_ahead=look_ahead, fused_norms=False).score(prompt)
     assert fused.info["look_ahead_token_ids"] == plain.info["look_ahead_token_ids"]
     torch.testing.assert_close(fused.values, plain.values, rtol=1e-4, atol=1e-7)
+
+
+def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monkeypatch) -> None:
+    import specprefill_sdk._norms as norms
+    from specprefill_sdk.backends import TransformersBackend
+    from specprefill_sdk.types import CompressedPrompt, Prompt
+
+    calls = []
+    original = norms._fused
+
+    def counting(module, hidden_states):
+        calls.append(1)
+        return original(module, hidden_states)
+
+    monkeypatch.setattr(norms, "_fused", counting)
+    prompt = CompressedPrompt.dense(Prompt.from_token_ids(smollm.tokenizer(essay[:800])["input_ids"]))
+    fused = TransformersBackend(smollm).prefill(prompt)
+    per_pass = 2 * smollm.model.config.num_hidden_layers + 1
+    assert len(calls) == per_pass
+    plain = TransformersBackend(smollm, fused_norms=False).prefill(prompt)
+    assert len(calls) == per_pass  # the other backend's passes ran transformers' norms
+    torch.testing.assert_close(fused.logits, plain.logits, rtol=0, atol=0)  # bf16 on CPU: bitwise
+    with torch.inference_mode():
+        smollm.model(input_ids=torch.tensor([prompt.token_ids[:16]]))
+    assert len(calls) == per_pass  # a plain call of the model outside the backend

@@ -18,6 +18,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, load_model
@@ -139,6 +141,11 @@ class TransformersBackend(BackendBase):
             after everything cached (one row, global attention): no mask is built, so the pass is
             bounded by activation memory only.
         max_batch_size: prompts per padded batch in `generate_batch`.
+        fused_norms: run the model's Llama-style RMSNorm layers as torch's fused ``rms_norm`` plus the
+            weight inside this backend's forward passes (two kernels instead of eight; the same
+            function up to float32 summation order, bitwise equal on CPU). Short prompts on a GPU are
+            bound by the host's kernel launches, and the norms are a quarter of a layer's launches.
+            Outside these passes (and in other threads) the model computes what transformers computes.
 
     Example::
 
@@ -157,6 +164,7 @@ class TransformersBackend(BackendBase):
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         unmasked_chunk: int = DEFAULT_UNMASKED_CHUNK,
         max_batch_size: int = DEFAULT_MAX_BATCH,
+        fused_norms: bool = True,
     ) -> None:
         if isinstance(model, LoadedModel):
             if device != "auto" and torch.device(device) != model.device:
@@ -172,6 +180,9 @@ class TransformersBackend(BackendBase):
         self.prefill_chunk = prefill_chunk
         self.unmasked_chunk = unmasked_chunk
         self.max_batch_size = max_batch_size
+        self.fused_norms = bool(fused_norms)
+        if self.fused_norms:
+            install_fused_norms(self.loaded.model)
         self.capabilities = BackendCapabilities(
             supports_position_ids=True, supports_sessions=True, supports_streaming=True
         )
@@ -333,7 +344,8 @@ class TransformersBackend(BackendBase):
             kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
         if self._logits_kw is not None:
             kwargs[self._logits_kw] = 1
-        out = self.loaded.model(**kwargs)
+        with fused_norms() if self.fused_norms else contextlib.nullcontext():
+            out = self.loaded.model(**kwargs)
         state.positions, state.valid = kpos, kvalid
         state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)
         return out.logits[:, -1, :].float()

@@ -11,7 +11,7 @@ them in stacked fixed buffers so that:
   its position, its cache slot, a 4-D additive mask whose slot is unmasked in place, the step index),
   so that on CUDA it is captured once as a graph and replayed. Run eagerly, each step of a small model
   costs far more in Python and kernel launches than in arithmetic;
-- Llama-style RMSNorm layers run as one fused kernel plus the weight (`._norms`), when asked;
+- Llama-style RMSNorm layers run as one fused kernel plus the weight (`specprefill_sdk._norms`), when asked;
 - all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
   the same arithmetic as one at a time.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
+from .._norms import fused_norms
 from ._attention_hook import QueryRecorder
-from ._norms import fused_norms
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 

@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
+from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import DEFAULT_MODEL, LoadedModel, load_model
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import ScoreCollector, install, skipped_layers
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
-from ._norms import install_fused_norms
 
 __all__ = ["DraftAttentionScorer"]
 
