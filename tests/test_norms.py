@@ -1,4 +1,4 @@
-"""Fused RMSNorm inside scoring passes: which norms convert, when the fused path runs, what it computes."""
+"""Fused RMSNorm in scoring and backend passes: which norms convert, when the fused path runs, what it computes."""
 
 from __future__ import annotations
 
