@@ -1,19 +1,19 @@
-"""RMSNorm as one fused kernel inside the draft's scoring passes.
+"""RMSNorm as one fused kernel inside the SDK's own forward passes (draft scoring, the backend).
 
 transformers' Llama-style ``RMSNorm`` (Llama, Qwen2, Mistral, SmolLM2, ...) is eight element-wise
 kernels: a cast to float32, square, mean, add, rsqrt, multiply, a cast back, and the weight. In a
-look-ahead decode step of a small draft every kernel costs its launch latency (a few microseconds
-on a GPU, even inside a CUDA graph), and the two norms of each layer are about a third of the step's
-kernels. Inside a scoring pass the same function runs as torch's ``rms_norm`` (one fused kernel on
-CUDA, computed in float32 and rounded once to the input's dtype, as transformers does) followed by
-the weight: two kernels.
+look-ahead decode step of a small draft, or a short prefill on a GPU, every kernel costs its launch
+latency (a few microseconds, even inside a CUDA graph), and the two norms of each layer are about a
+third of a decode step's kernels. Inside a pass that asks for it the same function runs as torch's
+``rms_norm`` (one fused kernel, computed in float32 and rounded once to the input's dtype, as
+transformers does) followed by the weight: two kernels.
 
 `install_fused_norms` gives each such module a subclass whose ``forward`` takes that path only while
 `fused_norms` is active in the calling context; at any other time (and in other threads) the module
 computes exactly what transformers' own ``forward`` computes. Pickled or deep-copied, a converted
-module comes back as its original class. A norm class is converted only after a
-check on a small input that both give the same result, so an ``RMSNorm`` with another formula (Gemma's
-``1 + weight``) keeps its own.
+module comes back as its original class. A norm class is converted only after a check on a small
+input that both give the same result, so an ``RMSNorm`` with another formula (Gemma's ``1 + weight``)
+keeps its own.
 """
 
 from __future__ import annotations
