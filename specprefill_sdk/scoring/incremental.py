@@ -17,11 +17,13 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import torch
 
+from .._norms import fused_norms
 from ..errors import SpecPrefillError
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
@@ -134,13 +136,14 @@ class DraftSession:
         device = self.loaded.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         positions = torch.arange(start, start + len(ids), device=device)[None, :]
-        out = self.loaded.model(
-            input_ids=input_ids,
-            position_ids=positions,
-            use_cache=True,
-            logits_to_keep=1,
-            **{self._cache_arg: self._cache},
-        )
+        with fused_norms() if self.scorer.fused_norms else contextlib.nullcontext():
+            out = self.loaded.model(
+                input_ids=input_ids,
+                position_ids=positions,
+                use_cache=True,
+                logits_to_keep=1,
+                **{self._cache_arg: self._cache},
+            )
         self.token_ids.extend(ids)
         return out.logits[0, -1]
 
