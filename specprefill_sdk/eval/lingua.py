@@ -24,6 +24,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import threading
@@ -61,6 +62,8 @@ class _LegacyCacheModel:
 
     def __init__(self, model: Any) -> None:
         self._model = model
+        # transformers renamed the cache argument (``past_key_values`` -> ``cache``) in 5.2x.
+        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
@@ -78,9 +81,8 @@ class _LegacyCacheModel:
         cache = None
         if past_key_values is not None:
             cache = DynamicCache(ddp_cache_data=[(k, v) for k, v in past_key_values], config=self._model.config)
-        out = self._model(
-            input_ids, attention_mask=attention_mask, past_key_values=cache, use_cache=use_cache, **kwargs
-        )
+        kwargs[self._cache_kw] = cache
+        out = self._model(input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
         if use_cache and out.past_key_values is not None:
             out.past_key_values = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
         return out
