@@ -5,6 +5,7 @@ against the real server process (positions mode gives the in-process pipeline's 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -117,6 +118,15 @@ class Flaky:
         if self.calls <= self.failures:
             error = {"error": {"message": "busy", "type": "x", "param": None, "code": None}}
             return JSONResponse(error, status_code=self.status, headers=self.headers)
+        if self.bodies[-1].get("stream"):
+            chunks = [
+                {"id": "c", "object": "text_completion", "model": MODEL,
+                 "choices": [{"index": 0, "text": " blue", "finish_reason": None}]},
+                {"id": "c", "object": "text_completion", "model": MODEL,
+                 "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]},
+            ]  # fmt: skip
+            events = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+            return Response(events, media_type="text/event-stream")
         return JSONResponse(
             {
                 "id": "c",
@@ -145,6 +155,26 @@ def test_retries_on_429_and_5xx_then_succeeds(tok: Any, status: int, headers: di
     assert completion.text == " blue" and completion.finish_reason == "stop"
     assert completion.usage.prompt_tokens == _compressed(tok).n and completion.usage.completion_tokens == 1
     assert flaky.bodies[0]["prompt"] == "The sky is" and flaky.bodies[0]["max_tokens"] == 2
+
+
+def test_streams_retry_before_the_first_byte_sync_and_async(tok: Any) -> None:
+    flaky = Flaky(failures=2, status=503)
+    with serve_in_thread(flaky.app) as base:
+        backend = OpenAIBackend(f"{base}/v1", model=MODEL, tokenizer=tok, mode="text", max_retries=3, backoff=0.01)
+        chunks = list(backend.stream(_compressed(tok), SamplingParams(max_tokens=2)))
+        assert flaky.calls == 3 and "".join(c.text for c in chunks) == " blue"
+        flaky.calls = 0
+
+        async def collect() -> list[Any]:
+            return [c async for c in backend.astream(_compressed(tok), SamplingParams(max_tokens=2))]
+
+        chunks = asyncio.run(collect())
+        assert flaky.calls == 3 and "".join(c.text for c in chunks) == " blue"
+        flaky.calls, flaky.failures, flaky.status = 0, 100, 400
+        with pytest.raises(InvalidRequestError, match="busy"):
+            list(backend.stream(_compressed(tok), SamplingParams(max_tokens=2)))
+        assert flaky.calls == 1  # a client error is not retried
+    assert all(b["stream"] for b in flaky.bodies)
 
 
 def test_gives_up_with_backend_unavailable(tok: Any) -> None:

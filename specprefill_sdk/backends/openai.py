@@ -409,7 +409,7 @@ class OpenAIBackend(BackendBase):
         propagate.inject(carrier)
         return carrier
 
-    # ------------------------------------------------------------------ retries (sync)
+    # ------------------------------------------------------------------ retries
     def _delay(self, attempt: int, response: httpx.Response | None) -> float:
         retry_after = response.headers.get("retry-after") if response is not None else None
         if retry_after:
@@ -421,31 +421,25 @@ class OpenAIBackend(BackendBase):
         return base * (0.5 + random.random() / 2)
 
     def _send_with_retries(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
-        last: str = ""
-        for attempt in range(self.max_retries + 1):
+        retry = _Retries(self, method, path)
+        for attempt in retry:
             response: httpx.Response | None = None
             try:
                 response = self._client.request(
                     method, self.base_url + path, json=body, headers=self._headers_for_call()
                 )
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                retry.failed(exc)
             else:
-                if response.status_code < 400:
+                if retry.accept(response):
                     return response
-                if response.status_code not in _RETRY_STATUS:
-                    raise _remote_error(response)
-                last = f"HTTP {response.status_code}: {_message(response)}"
-            if attempt < self.max_retries:
-                delay = self._delay(attempt, response)
-                logger.info("%s %s failed (%s); retrying in %.2fs", method, path, last, delay)
-                time.sleep(delay)
-        raise BackendUnavailableError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+            time.sleep(retry.delay(attempt, response))
+        raise retry.error()
 
     def _open_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
         """Open a streaming response, retrying before any byte of the answer was read."""
-        last = ""
-        for attempt in range(self.max_retries + 1):
+        retry = _Retries(self, "POST", path)
+        for attempt in retry:
             response: httpx.Response | None = None
             try:
                 request = self._client.build_request(
@@ -453,20 +447,16 @@ class OpenAIBackend(BackendBase):
                 )
                 response = self._client.send(request, stream=True)
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                retry.failed(exc)
             else:
-                if response.status_code < 400:
+                if response.status_code >= 400:
+                    response.read()
+                    response.close()
+                if retry.accept(response):
                     return response
-                response.read()
-                response.close()
-                if response.status_code not in _RETRY_STATUS:
-                    raise _remote_error(response)
-                last = f"HTTP {response.status_code}: {_message(response)}"
-            if attempt < self.max_retries:
-                time.sleep(self._delay(attempt, response))
-        raise BackendUnavailableError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+            time.sleep(retry.delay(attempt, response))
+        raise retry.error()
 
-    # ------------------------------------------------------------------ retries (async)
     def _async_client(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
         if self._aclient is None or self._aclient_loop is not loop:
@@ -476,29 +466,25 @@ class OpenAIBackend(BackendBase):
 
     async def _asend_with_retries(self, method: str, path: str, body: dict[str, Any] | None) -> httpx.Response:
         client = self._async_client()
-        last = ""
-        for attempt in range(self.max_retries + 1):
+        retry = _Retries(self, method, path)
+        for attempt in retry:
             response: httpx.Response | None = None
             try:
                 response = await client.request(
                     method, self.base_url + path, json=body, headers=self._headers_for_call()
                 )
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                retry.failed(exc)
             else:
-                if response.status_code < 400:
+                if retry.accept(response):
                     return response
-                if response.status_code not in _RETRY_STATUS:
-                    raise _remote_error(response)
-                last = f"HTTP {response.status_code}: {_message(response)}"
-            if attempt < self.max_retries:
-                await asyncio.sleep(self._delay(attempt, response))
-        raise BackendUnavailableError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+            await asyncio.sleep(retry.delay(attempt, response))
+        raise retry.error()
 
     async def _aopen_stream(self, path: str, body: dict[str, Any]) -> httpx.Response:
         client = self._async_client()
-        last = ""
-        for attempt in range(self.max_retries + 1):
+        retry = _Retries(self, "POST", path)
+        for attempt in retry:
             response: httpx.Response | None = None
             try:
                 request = client.build_request(
@@ -506,18 +492,15 @@ class OpenAIBackend(BackendBase):
                 )
                 response = await client.send(request, stream=True)
             except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
+                retry.failed(exc)
             else:
-                if response.status_code < 400:
+                if response.status_code >= 400:
+                    await response.aread()
+                    await response.aclose()
+                if retry.accept(response):
                     return response
-                await response.aread()
-                await response.aclose()
-                if response.status_code not in _RETRY_STATUS:
-                    raise _remote_error(response)
-                last = f"HTTP {response.status_code}: {_message(response)}"
-            if attempt < self.max_retries:
-                await asyncio.sleep(self._delay(attempt, response))
-        raise BackendUnavailableError(f"{self.base_url}{path} failed after {self.max_retries + 1} attempts: {last}")
+            await asyncio.sleep(retry.delay(attempt, response))
+        raise retry.error()
 
     # ------------------------------------------------------------------ generation
     def _check(self, prompt: CompressedPrompt, params: SamplingParams) -> None:
@@ -734,3 +717,43 @@ def _local_context(source: Any, tokenizer: Any) -> int:
     if isinstance(length, int) and 0 < length < 10_000_000:
         return length
     return _FALLBACK_CONTEXT
+
+
+class _Retries:
+    """The attempts of one request (the first and ``max_retries`` more), shared by the sync and async paths.
+
+    Iterating yields the attempt numbers; `accept` returns True for a response to keep, raises the
+    remote error for a status that is not retried and records the others; `delay` is the pause before
+    the next attempt (0 after the last one); `error` is what to raise when every attempt failed.
+    """
+
+    def __init__(self, backend: OpenAIBackend, method: str, path: str) -> None:
+        self.backend, self.method, self.path = backend, method, path
+        self.last = ""
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.backend.max_retries + 1))
+
+    def failed(self, exc: Exception) -> None:
+        self.last = f"{type(exc).__name__}: {exc}"
+
+    def accept(self, response: httpx.Response) -> bool:
+        if response.status_code < 400:
+            return True
+        if response.status_code not in _RETRY_STATUS:
+            raise _remote_error(response)
+        self.last = f"HTTP {response.status_code}: {_message(response)}"
+        return False
+
+    def delay(self, attempt: int, response: httpx.Response | None) -> float:
+        if attempt >= self.backend.max_retries:
+            return 0.0
+        delay = self.backend._delay(attempt, response)
+        logger.info("%s %s failed (%s); retrying in %.2fs", self.method, self.path, self.last, delay)
+        return delay
+
+    def error(self) -> BackendUnavailableError:
+        backend = self.backend
+        return BackendUnavailableError(
+            f"{backend.base_url}{self.path} failed after {backend.max_retries + 1} attempts: {self.last}"
+        )
