@@ -20,7 +20,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import platform
@@ -37,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specprefill_sdk.eval.corpora import haystack  # noqa: E402
-from specprefill_sdk.models import LoadedModel, load_model  # noqa: E402
+from specprefill_sdk.models import LoadedModel, cache_argument, load_model  # noqa: E402
 from specprefill_sdk.prompt import build_prompt  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.types import Prompt  # noqa: E402
@@ -55,8 +54,7 @@ def _prefill(loaded: LoadedModel, ids: torch.Tensor, steps: int = 0) -> None:
     from transformers import DynamicCache
 
     model = loaded.model
-    arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    cache = {arg: DynamicCache(config=model.config)}
+    cache = {cache_argument(model): DynamicCache(config=model.config)}
     out = model(input_ids=ids, use_cache=True, logits_to_keep=1, **cache)
     for _ in range(steps):
         token = out.logits[:, -1].argmax(-1, keepdim=True)

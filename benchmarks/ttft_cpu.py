@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from specprefill_sdk.backends import TransformersBackend  # noqa: E402
 from specprefill_sdk.eval.tasks import generate_samples  # noqa: E402
-from specprefill_sdk.models import LoadedModel, load_model  # noqa: E402
+from specprefill_sdk.models import LoadedModel, cache_argument, load_model  # noqa: E402
 from specprefill_sdk.pipeline import Pipeline  # noqa: E402
 from specprefill_sdk.prompt import build_prompt  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
@@ -72,10 +72,7 @@ def plain_forward(loaded: LoadedModel, ids: list[int], positions: list[int] | No
         # With a cache given and no mask, transformers builds a slot-causal mask: for sorted positions
         # this is exactly the position-causal mask of the kept tokens.
         kwargs["position_ids"] = torch.tensor([positions], dtype=torch.long, device=dev)
-    import inspect
-
-    cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    kwargs[cache_kw] = DynamicCache(config=model.config)
+    kwargs[cache_argument(model)] = DynamicCache(config=model.config)
     out = model(**kwargs)
     return int(out.logits[0, -1].argmax())
 

@@ -49,9 +49,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.models import LoadedModel  # noqa: E402
+from specprefill_sdk.models import LoadedModel, cache_argument  # noqa: E402
 from specprefill_sdk.pipeline import Pipeline  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
+from specprefill_sdk.scoring.draft_attention import DEFAULT_ATTENTION_BACKENDS, _sdpa_context  # noqa: E402
 from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
 from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
 
@@ -249,20 +250,12 @@ def sdpa_order() -> list[str]:
 
 
 def best_kernels(device: torch.device) -> Any:
-    """SDPA in torch's Hopper order (cuDNN, flash, efficient, math) for the plain baselines, on CUDA.
+    """SDPA in the scorer's default order (cuDNN, flash, efficient, math) for the plain baselines, on CUDA.
 
     A plain forward should not run a slower kernel than the scorer's prefill does (which asks for this
-    order itself).
+    order itself); the scorer's own context also settles torch's order before it saves it.
     """
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from specprefill_sdk.scoring.draft_attention import settle_sdpa_order
-
-    settle_sdpa_order(device)  # else this context would leave flash first for everything after it
-    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-    return sdpa_kernel(order, set_priority=True)
+    return _sdpa_context(DEFAULT_ATTENTION_BACKENDS, device)
 
 
 @torch.inference_mode()
@@ -281,16 +274,10 @@ def plain_forward(
     kwargs: dict[str, Any] = {"input_ids": ids[None], "use_cache": True, "logits_to_keep": 1}
     if positions is not None:
         kwargs["position_ids"] = positions[None]
-    kwargs[_cache_kw(model)] = DynamicCache(config=model.config)
+    kwargs[cache_argument(model)] = DynamicCache(config=model.config)
     with best_kernels(loaded.device) if ordered else contextlib.nullcontext():
         out = model(**kwargs)
     return int(out.logits[0, -1].argmax())
-
-
-def _cache_kw(model: Any) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def selector(rate: float) -> Protect:
@@ -507,7 +494,7 @@ def exactness(
                 attention_mask=mask,
                 use_cache=True,
                 logits_to_keep=1,
-                **{_cache_kw(target.model): DynamicCache(config=target.model.config)},
+                **{cache_argument(target.model): DynamicCache(config=target.model.config)},
             )
             .logits[0, -1]
             .float()
@@ -539,7 +526,7 @@ def plain_lookahead(loaded: LoadedModel, ids: torch.Tensor, steps: int) -> int:
     from transformers import DynamicCache
 
     model = loaded.model
-    cache_kw = _cache_kw(model)
+    cache_kw = cache_argument(model)
     cache = DynamicCache(config=model.config)
     out = model(input_ids=ids[None], use_cache=True, logits_to_keep=1, **{cache_kw: cache})
     token = out.logits[:, -1].argmax(-1)

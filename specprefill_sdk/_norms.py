@@ -33,8 +33,14 @@ _FUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("specprefill_fused
 
 
 @contextlib.contextmanager
-def fused_norms() -> Iterator[None]:
-    """Norms converted by `install_fused_norms` run fused in this context (this thread or task only)."""
+def fused_norms(enabled: bool = True) -> Iterator[None]:
+    """Norms converted by `install_fused_norms` run fused in this context (this thread or task only).
+
+    ``enabled=False`` makes the context a no-op, so callers with an on/off setting need no branch.
+    """
+    if not enabled:
+        yield
+        return
     token = _FUSED.set(True)
     try:
         yield

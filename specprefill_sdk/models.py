@@ -17,8 +17,10 @@ Example::
 from __future__ import annotations
 
 import fnmatch
+import functools
 import hashlib
 import importlib.metadata
+import inspect
 import logging
 import os
 import shutil
@@ -37,6 +39,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "BundledModel",
     "LoadedModel",
+    "cache_argument",
     "cache_dir",
     "load_model",
     "resolve_dtype",
@@ -132,6 +135,18 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specprefill"
     )
     return Path(root)
+
+
+def cache_argument(model: Any) -> str:
+    """The keyword ``model.forward`` takes its KV cache by (transformers renamed ``past_key_values`` to
+    ``cache`` in 5.2x)."""
+    return "cache" if "cache" in forward_parameters(model.__class__) else "past_key_values"
+
+
+@functools.lru_cache(maxsize=64)
+def forward_parameters(cls: Any) -> frozenset[str]:
+    """The names ``cls.forward`` accepts (read once per model class: `inspect.signature` is slow)."""
+    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str) -> torch.dtype:

@@ -18,8 +18,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Iterator, Sequence
@@ -31,7 +29,7 @@ import torch
 from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
-from ..models import LoadedModel, load_model
+from ..models import LoadedModel, cache_argument, forward_parameters, load_model
 from ..types import Completion, CompletionChunk, CompressedPrompt, FinishReason, SamplingParams, Timings, Usage
 from ._detok import TextAssembler
 from ._sampling import TokenSampler
@@ -188,8 +186,8 @@ class TransformersBackend(BackendBase):
         )
         net = self.loaded.model
         self._ensure_mask_attention(net)
-        params = inspect.signature(net.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+        params = forward_parameters(net.__class__)
+        self._cache_kw = cache_argument(net)
         self._pass_cache_position = "cache_position" in params
         self._logits_kw = next((k for k in ("logits_to_keep", "num_logits_to_keep") if k in params), None)
         self.vocab_size = int(net.get_input_embeddings().num_embeddings)
@@ -344,7 +342,7 @@ class TransformersBackend(BackendBase):
             kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
         if self._logits_kw is not None:
             kwargs[self._logits_kw] = 1
-        with fused_norms() if self.fused_norms else contextlib.nullcontext():
+        with fused_norms(self.fused_norms):
             out = self.loaded.model(**kwargs)
         state.positions, state.valid = kpos, kvalid
         state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)

@@ -24,7 +24,6 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import threading
@@ -34,7 +33,7 @@ from typing import Any
 import torch
 
 from ..errors import ModelLoadError
-from ..models import LoadedModel
+from ..models import LoadedModel, cache_argument
 from ..types import Prompt, Selection
 
 __all__ = ["LLMLinguaSelector"]
@@ -62,8 +61,7 @@ class _LegacyCacheModel:
 
     def __init__(self, model: Any) -> None:
         self._model = model
-        # transformers renamed the cache argument (``past_key_values`` -> ``cache``) in 5.2x.
-        self._cache_kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_kw = cache_argument(model)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)

@@ -22,15 +22,13 @@ buffers stay allocated until `release` or until a larger prompt needs a larger g
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import logging
 from typing import Any
 
 import torch
 
 from .._norms import fused_norms
+from ..models import cache_argument, forward_parameters
 from ._attention_hook import QueryRecorder
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
@@ -49,12 +47,6 @@ def supports_static_look_ahead(model: Any) -> bool:
     if types is None and getattr(config, "sliding_window", None):
         return False
     return not getattr(config, "attn_logit_softcapping", None)
-
-
-@functools.lru_cache(maxsize=64)
-def _forward_parameters(cls: Any) -> frozenset[str]:
-    """The names ``cls.forward`` accepts (read once per model class: `inspect.signature` is slow)."""
-    return frozenset(inspect.signature(cls.forward).parameters)
 
 
 class _StaticCache:
@@ -116,10 +108,8 @@ class StaticLookAhead:
         self.tokens = torch.zeros(batch, 1 + steps, dtype=torch.long, device=device)  # column j: step j's output
         self.recorder = QueryRecorder(dict(enumerate(self.query_stack.unbind(0))), self.index)
         self.cache = _StaticCache(self.keys, self.values, self.slot)
-        params = _forward_parameters(model.__class__)
-        self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1}
-        self._kwargs["cache" if "cache" in params else "past_key_values"] = self.cache
-        if "cache_position" in params:
+        self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1, cache_argument(model): self.cache}
+        if "cache_position" in forward_parameters(model.__class__):
             self._kwargs["cache_position"] = self.slot
         self.use_graph = cuda_graph and device.type == "cuda" and steps > 0
         self.graph: Any = None
@@ -155,7 +145,7 @@ class StaticLookAhead:
         self.index.zero_()
         self.recorder.sink = sink
         try:
-            with torch.inference_mode(), self.recorder.active(), self._norms():
+            with torch.inference_mode(), self.recorder.active(), fused_norms(self.fused_norms):
                 out = self.model(
                     input_ids=input_ids,
                     attention_mask=attention_mask,
@@ -166,9 +156,6 @@ class StaticLookAhead:
         finally:
             self.recorder.sink = None
         return out.logits[:, -1].argmax(-1)
-
-    def _norms(self) -> contextlib.AbstractContextManager[None]:
-        return fused_norms() if self.fused_norms else contextlib.nullcontext()
 
     def scalings(self) -> list[float]:
         """Each layer's softmax scaling, as the prefill's attention calls reported it."""
@@ -190,7 +177,7 @@ class StaticLookAhead:
         `prefill` must have filled the buffers. Afterwards `query_stack` holds every layer's queries
         0 .. steps.
         """
-        with torch.inference_mode(), self.recorder.active(), self._norms():
+        with torch.inference_mode(), self.recorder.active(), fused_norms(self.fused_norms):
             if self.use_graph and self.graph is None:
                 self._reset(first_token, lengths, pad, width)
                 self._step()  # warms every kernel up before capture; its writes are reset below

@@ -29,7 +29,7 @@ import torch
 
 from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
-from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import ScoreCollector, install, skipped_layers
@@ -189,8 +189,7 @@ class DraftAttentionScorer:
         install(model)
         self._skip = skipped_layers(model.config)
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        # transformers renamed the cache argument (``past_key_values`` -> ``cache``) in 5.2x.
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
         self._static = supports_static_look_ahead(model)
         if self._static and self.fused_norms:

@@ -17,7 +17,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Any
 
@@ -25,6 +24,7 @@ import torch
 
 from .._norms import fused_norms
 from ..errors import SpecPrefillError
+from ..models import cache_argument
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
 from ._attention_hook import ScoreCollector, skipped_layers
@@ -61,7 +61,7 @@ class DraftSession:
         model = self.loaded.model
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._skip = skipped_layers(model.config)
-        self._cache_arg = "cache" if "cache" in _forward_parameters(model) else "past_key_values"
+        self._cache_arg = cache_argument(model)
         self._eos = frozenset(self.loaded.eos_token_ids)
         target = scorer.target_tokenizer
         self._same_vocab: bool | None = None if target is None else same_vocabulary(self.loaded.tokenizer, target)
@@ -136,7 +136,7 @@ class DraftSession:
         device = self.loaded.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         positions = torch.arange(start, start + len(ids), device=device)[None, :]
-        with fused_norms() if self.scorer.fused_norms else contextlib.nullcontext():
+        with fused_norms(self.scorer.fused_norms):
             out = self.loaded.model(
                 input_ids=input_ids,
                 position_ids=positions,
@@ -194,9 +194,3 @@ class DraftSession:
         self._crop(n)  # drop the look-ahead tokens: the next turn continues from the prompt
         values = collector.best[0, :used].mean(dim=0).cpu()
         return values, used, tuple(generated)
-
-
-def _forward_parameters(model: Any) -> set[str]:
-    import inspect
-
-    return set(inspect.signature(model.forward).parameters)

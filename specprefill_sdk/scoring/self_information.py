@@ -11,14 +11,13 @@ Example::
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from ..errors import InvalidRequestError, SpecPrefillError
-from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, project_scores, same_vocabulary, to_draft_tokens
 
@@ -57,7 +56,7 @@ class SelfInformationScorer:
         self.loaded = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
         model = self.loaded.model
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
-        self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        self._cache_arg = cache_argument(model)
         self._same_vocab: bool | None = (
             None if target_tokenizer is None else same_vocabulary(self.loaded.tokenizer, target_tokenizer)
         )
