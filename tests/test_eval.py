@@ -166,6 +166,20 @@ def test_config_validation_names_the_bad_value():
         EvalConfig(tasks=("nope",)).validate()
     with pytest.raises(InvalidRequestError, match="unknown method"):
         EvalConfig(methods=("magic",)).validate()
+    for bad in ("draft-early-0", "draft-early-x", "draft-early-"):
+        with pytest.raises(InvalidRequestError, match="draft-early-N"):
+            EvalConfig(methods=(bad,)).validate()
+    EvalConfig(methods=("draft-early", "draft-early-7")).validate()
+
+
+def test_early_layer_methods_are_named_described_and_ordered():
+    from specprefill_sdk.eval.methods import is_method, method_description, method_order
+
+    assert is_method("draft-early-12") and not is_method("draft-early-012")
+    assert "first 12 layers" in str(method_description("draft-early-12"))
+    assert "first half" in str(method_description("draft-early"))
+    order = method_order(["random", "draft-early-12", "other", "draft-early-3", "draft-chunked", "draft-early"])
+    assert order == ["draft-chunked", "draft-early", "draft-early-3", "draft-early-12", "random", "other"]
     with pytest.raises(InvalidRequestError, match="keep rates"):
         EvalConfig(keep_rates=(0.0,)).validate()
     with pytest.raises(InvalidRequestError, match="lengths"):
@@ -379,7 +393,7 @@ def test_eval_is_deterministic_for_a_seed(smollm):
         lengths=(512,),
         samples=1,
         keep_rates=(0.2,),
-        methods=("draft-pooled", "random"),
+        methods=("draft-pooled", "draft-early", "draft-early-6", "random"),
         generate=False,
         seed=5,
     )
@@ -390,6 +404,11 @@ def test_eval_is_deterministic_for_a_seed(smollm):
     strip = [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in a.records]
     assert strip == [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in b.records]
     assert all(not math.isnan(r["recall"]) for r in a.records)
+    assert {r["method"] for r in a.records} >= {"draft-early", "draft-early-6"}
+    with pytest.raises(InvalidRequestError, match="has 30 layers"):
+        run_eval(
+            EvalConfig(tasks=cfg.tasks, lengths=cfg.lengths, samples=1, methods=("draft-early-31",)), target=smollm
+        )
 
 
 @pytest.mark.slow

@@ -238,3 +238,65 @@ def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smoll
 def test_windowed_drafts_keep_the_step_by_step_path(tokenizer):
     assert not DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=3)._static
     assert DraftAttentionScorer(_tiny("qwen2", tokenizer), look_ahead=3)._static
+
+
+def test_the_first_layers_only_match_the_reference_and_the_rest_never_runs(fp32_scorer, smollm_fp32, texts):
+    model = smollm_fp32.model
+    depth = model.config.num_hidden_layers
+    scorer = fp32_scorer.with_options(look_ahead=1, layers=12)
+    assert scorer.layers == 12 and "layers=12" in repr(scorer)
+    tok = smollm_fp32.tokenizer
+    prompts = [build_prompt(tok, [{"role": "user", "content": t + "\nSummarize."}]) for t in texts]
+    ran: list[str] = []
+    hooks = [
+        model.model.layers[i].register_forward_pre_hook(lambda *_, i=i: ran.append(f"layer {i}")) for i in (11, 12)
+    ]
+    hooks.append(model.lm_head.register_forward_pre_hook(lambda *_: ran.append("head")))
+    try:
+        batch = scorer.score_batch(prompts)
+        assert ran == ["layer 11"]  # one batch; layer 12 and the output head never ran
+        ran.clear()
+        model(torch.tensor([prompts[0].token_ids[:8]]))  # outside a scoring call the whole model runs
+        assert ran == ["layer 11", "layer 12", "head"]
+    finally:
+        for h in hooks:
+            h.remove()
+    for prompt, scores in zip(prompts, batch, strict=True):
+        expected, _ = reference_draft_attention_scores(smollm_fp32, prompt.token_ids, look_ahead=1, layers=12)
+        assert scores.info["layers"] == 12 and scores.info["look_ahead"] == 1
+        assert_matches(scores.values, expected)
+        assert_matches(scorer.score(prompt).values, scores.values)
+    # every layer: the same as not asking
+    full = fp32_scorer.with_options(look_ahead=1, layers=depth)
+    assert full.layers is None
+    assert_matches(full.score(prompts[0]).values, fp32_scorer.with_options(look_ahead=1).score(prompts[0]).values)
+
+
+@pytest.mark.parametrize(("kind", "layers"), [("qwen2", 2), ("gemma3", 2), ("gemma3", 3), ("gemma3-sliding", 2)])
+def test_the_first_layers_of_tiny_models_match_the_reference(kind, layers, tokenizer, texts):
+    loaded = _tiny(kind, tokenizer)
+    scorer = DraftAttentionScorer(loaded, look_ahead=1, pool_kernel=5, layers=layers)
+    prompts = [build_prompt(tokenizer, t) for t in texts]
+    for prompt, scores in zip(prompts, scorer.score_batch(prompts), strict=True):
+        expected, _ = reference_draft_attention_scores(
+            loaded, prompt.token_ids, look_ahead=1, pool_kernel=5, layers=layers
+        )
+        assert_matches(scores.values, expected)
+
+
+def test_bad_layer_counts_are_refused(fp32_scorer, tokenizer):
+    from specprefill_sdk.scoring.incremental import DraftSession
+
+    depth = fp32_scorer.loaded.model.config.num_hidden_layers
+    for bad in (0, -1, depth + 1, True, 2.5, "3"):
+        with pytest.raises(InvalidRequestError, match="layers must be an integer") as info:
+            fp32_scorer.with_options(look_ahead=1, layers=bad)
+        assert info.value.param == "layers"
+    with pytest.raises(InvalidRequestError, match="needs look_ahead=1"):
+        fp32_scorer.with_options(layers=4)  # look-ahead 8
+    with pytest.raises(InvalidRequestError, match="needs look_ahead=1"):
+        fp32_scorer.with_options(look_ahead=1, layers=4).with_options(look_ahead=2)
+    with pytest.raises(InvalidRequestError, match="sliding window"):
+        DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=1, layers=1)
+    with pytest.raises(InvalidRequestError, match="DraftSession"):
+        DraftSession(fp32_scorer.with_options(look_ahead=1, layers=4))

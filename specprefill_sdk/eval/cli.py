@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DEFAULT_METHODS),
         metavar="METHOD",
-        help=f"methods (default: all): {', '.join(method_names())}",
+        help=f"methods (default: all): {', '.join(method_names())}; draft-early-N: the draft's first N layers",
     )
     parser.add_argument(
         "--no-generate",

@@ -33,7 +33,7 @@ from ..errors import InvalidRequestError
 from ..models import LoadedModel, load_model
 from ..prompt import build_prompt
 from ..types import CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
-from .methods import DEFAULT_METHODS, Method, build_methods, method_names
+from .methods import DEFAULT_METHODS, Method, build_methods, is_method, method_names
 from .metrics import contains_match, evidence_recall, exact_match, token_mask_for_spans
 from .tasks import EvalSample, generate_samples, task_names
 
@@ -72,10 +72,11 @@ class EvalConfig:
             raise InvalidRequestError(
                 f"unknown or no task(s) {unknown}; choose from {', '.join(task_names())}", param="tasks"
             )
-        bad = [m for m in self.methods if m not in method_names()]
+        bad = [m for m in self.methods if not is_method(m)]
         if bad:
             raise InvalidRequestError(
-                f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}", param="methods"
+                f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())} or draft-early-N",
+                param="methods",
             )
         if not self.lengths or any(not isinstance(n, int) or n < 256 for n in self.lengths):
             raise InvalidRequestError("lengths must be integers >= 256", param="lengths")

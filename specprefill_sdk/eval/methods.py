@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,15 @@ from ..errors import InvalidRequestError
 from ..interfaces import Scorer, Selector
 from ..models import LoadedModel
 
-__all__ = ["DEFAULT_METHODS", "METHOD_DESCRIPTIONS", "Method", "build_methods", "method_names"]
+__all__ = [
+    "DEFAULT_METHODS",
+    "METHOD_DESCRIPTIONS",
+    "Method",
+    "build_methods",
+    "is_method",
+    "method_description",
+    "method_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +42,8 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "draft-chunked-la1": "draft attention, look-ahead 1, pool 13, chunks of 32",
     "draft-adaptive": "draft attention, look-ahead 8, pool 13, chunks of 32, Adaptive(coverage 0.9) "
     "up to the keep rate",
+    "draft-early": "draft attention from the first half of the draft's layers only (the rest never run), "
+    "look-ahead 1, pool 13, chunks of 32",
     "random": "random scores (seeded), token-level top-k",
     "recency": "the most recent tokens",
     "head-tail": "half of the kept tokens from the start, half from the end",
@@ -47,10 +58,46 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(METHOD_DESCRIPTIONS)
 #: Chunk size of the chunked methods (the paper's).
 CHUNK = 32
 
+#: ``draft-early-N``: `draft-early` with the draft's first N layers (any N from 1 to the draft's depth)
+_EARLY = re.compile(r"draft-early-([1-9][0-9]*)")
+
 
 def method_names() -> list[str]:
-    """Every method name, in result order."""
+    """Every fixed method name, in result order (``draft-early-N`` names come after ``draft-early``)."""
     return list(METHOD_DESCRIPTIONS)
+
+
+def method_description(name: str) -> str | None:
+    """The one-line description of method ``name``, or None for an unknown name."""
+    early = _EARLY.fullmatch(name)
+    if early:
+        return (
+            f"draft attention from the draft's first {early.group(1)} layers only (the rest never run), "
+            "look-ahead 1, pool 13, chunks of 32"
+        )
+    return METHOD_DESCRIPTIONS.get(name)
+
+
+def is_method(name: str) -> bool:
+    """Whether ``name`` names a method (a fixed name, or ``draft-early-N``)."""
+    return method_description(name) is not None
+
+
+def method_order(names: Sequence[str]) -> list[str]:
+    """``names`` in result order: fixed methods in `METHOD_DESCRIPTIONS` order, each ``draft-early-N``
+    after ``draft-early`` by N, unknown names last as given."""
+
+    def key(item: tuple[int, str]) -> tuple[int, int, int]:
+        position, name = item
+        early = _EARLY.fullmatch(name)
+        fixed = list(METHOD_DESCRIPTIONS)
+        if early:
+            return (fixed.index("draft-early"), 1 + int(early.group(1)), position)
+        if name in METHOD_DESCRIPTIONS:
+            return (fixed.index(name), 0, position)
+        return (len(fixed), 0, position)
+
+    return [name for _, name in sorted(enumerate(names), key=key)]
 
 
 @dataclass(frozen=True)
@@ -91,10 +138,11 @@ def build_methods(
     )
     from ..selection import Adaptive, Chunked, KeepRate
 
-    unknown = [n for n in names if n not in METHOD_DESCRIPTIONS]
+    unknown = [n for n in names if not is_method(n)]
     if unknown:
         raise InvalidRequestError(
-            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)}", param="methods"
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)} or draft-early-N",
+            param="methods",
         )
     needs_draft = [n for n in names if n.startswith("draft-") or n in ("self-info", "llmlingua")]
     if needs_draft and draft is None:
@@ -116,10 +164,22 @@ def build_methods(
             Chunked(Adaptive(coverage=0.9, min_rate=min(0.02, rate), max_rate=rate, dense_below_tokens=0), CHUNK)
         )
 
+    def early(name: str) -> Method:
+        assert base is not None
+        depth = int(base.loaded.model.config.get_text_config().num_hidden_layers)
+        match = _EARLY.fullmatch(name)
+        layers = int(match.group(1)) if match else max(1, depth // 2)
+        if layers > depth:
+            raise InvalidRequestError(f"{name}: the draft has {depth} layers", param="methods")
+        scorer = base.with_options(look_ahead=1, layers=layers)
+        return Method(name, str(method_description(name)), f"draft-la1-pool13-layers{layers}", scorer, chunked, True)
+
     out: list[Method] = []
     for name in names:
-        desc = METHOD_DESCRIPTIONS[name]
-        if name == "draft-token":
+        desc = str(method_description(name))
+        if name == "draft-early" or _EARLY.fullmatch(name):
+            out.append(early(name))
+        elif name == "draft-token":
             assert base is not None
             out.append(Method(name, desc, "draft-la8-pool1", base.with_options(pool_kernel=1), token_level, True))
         elif name == "draft-pooled":

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .harness import FULL, EvalResult
-from .methods import METHOD_DESCRIPTIONS
+from .methods import is_method, method_description, method_order
 
 __all__ = ["load_result", "markdown_report", "plot_report", "write_report"]
 
@@ -26,8 +26,7 @@ def _fmt(value: Any, percent: bool = True) -> str:
 
 
 def _methods(summary: dict[str, Any]) -> list[str]:
-    order = [m for m in METHOD_DESCRIPTIONS if m in summary]
-    return order + [m for m in summary if m not in order and m != FULL]
+    return method_order([m for m in summary if m != FULL])
 
 
 def _table(summary: dict[str, Any], rates: list[float], metric: str, with_full: bool) -> list[str]:
@@ -110,7 +109,7 @@ def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
             seen.add(key)
             lines.append(f"- {e.get('method')}: {e.get('error')}")
     lines += ["", "## Methods", ""]
-    lines += [f"- `{m}`: {METHOD_DESCRIPTIONS[m]}" for m in _methods(summary) if m in METHOD_DESCRIPTIONS]
+    lines += [f"- `{m}`: {method_description(m)}" for m in _methods(summary) if is_method(m)]
     return "\n".join(lines).rstrip() + "\n"
 
 

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 
-__all__ = ["QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
+__all__ = ["DraftStopped", "QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,16 @@ def skipped_layers(config: Any) -> frozenset[int]:
     return frozenset(i for i, kind in enumerate(layer_types) if kind != "full_attention")
 
 
+class DraftStopped(Exception):
+    """Raised by the hooked attention of layer `_Observer.stop_after` once observed: the forward pass ends there."""
+
+
 class _Observer:
     """Something the hooked attention reports to while it is active in the current thread or task."""
+
+    #: when set, the forward pass stops (`DraftStopped`) right after this layer's attention inputs are
+    #: observed: neither this layer's attention nor any later layer runs
+    stop_after: int | None = None
 
     @contextlib.contextmanager
     def active(self) -> Iterator[None]:
@@ -326,6 +334,8 @@ def _make_wrapper(base: str) -> Callable[..., Any]:
             scaling = kwargs.get("scaling", args[1] if len(args) > 1 else None)
             window = kwargs.get("sliding_window")
             collector.observe(module, query, key, value, scaling, window, kwargs.get("softcap"))
+            if collector.stop_after is not None and getattr(module, "layer_idx", None) == collector.stop_after:
+                raise DraftStopped
             if isinstance(collector, QueryRecorder) and attention_mask is not None and query.shape[2] == 1:
                 return collector.attend(query, key, value, attention_mask, scaling), None
         fn = ALL_ATTENTION_FUNCTIONS[base] if base != "eager" else _eager_function(module)

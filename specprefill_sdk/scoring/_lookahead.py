@@ -13,7 +13,9 @@ them in stacked fixed buffers so that:
   costs far more in Python and kernel launches than in arithmetic;
 - Llama-style RMSNorm layers run as one fused kernel plus the weight (`specprefill_sdk._norms`), when asked;
 - all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
-  the same arithmetic as one at a time.
+  the same arithmetic as one at a time;
+- with ``layers`` set (no decode steps), the prefill stops once the last of those layers has handed
+  over its keys and query: the later layers, the final norm and the output head never run.
 
 On CPU (or with graphs turned off) the same steps run eagerly. A graph is kept for the last batch
 size and capacity and reused while prompts fit (capacities are rounded up to 1024 slots); its
@@ -29,7 +31,7 @@ import torch
 
 from .._norms import fused_norms
 from ..models import cache_argument, forward_parameters
-from ._attention_hook import QueryRecorder
+from ._attention_hook import DraftStopped, QueryRecorder
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 
@@ -75,7 +77,15 @@ class StaticLookAhead:
     """
 
     def __init__(
-        self, model: Any, batch: int, capacity: int, steps: int, *, cuda_graph: bool, fused_norms: bool = False
+        self,
+        model: Any,
+        batch: int,
+        capacity: int,
+        steps: int,
+        *,
+        cuda_graph: bool,
+        fused_norms: bool = False,
+        layers: int | None = None,
     ) -> None:
         self.model = model
         #: run the norms `install_fused_norms` converted as fused kernels in the prefill and the steps
@@ -84,7 +94,12 @@ class StaticLookAhead:
         device = next(model.parameters()).device
         dtype = model.dtype
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        layers = int(config.num_hidden_layers)
+        depth = int(config.num_hidden_layers)
+        if layers is not None and not (1 <= layers <= depth and (layers == depth or steps == 0)):
+            raise ValueError(f"layers={layers} needs 1 <= layers <= {depth}, and no decode steps below {depth}")
+        #: the prefill's last layer (the forward pass stops after its attention inputs), or None: all of them
+        self.stop_after = layers - 1 if layers is not None and layers < depth else None
+        layers = depth if layers is None else layers
         heads = int(config.num_attention_heads)
         kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
@@ -128,10 +143,11 @@ class StaticLookAhead:
 
     def prefill(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | None:
         """Run the draft over the (left-padded) prompt, filling the buffers; return its next tokens ([B]).
 
-        Afterwards `written` holds the layers whose attention the hook saw.
+        Afterwards `written` holds the layers whose attention the hook saw. When the pass stops early
+        (``layers`` below the model's depth) there are no next tokens and the result is None.
         """
         width = input_ids.shape[1]
         self.written = set()
@@ -144,6 +160,7 @@ class StaticLookAhead:
 
         self.index.zero_()
         self.recorder.sink = sink
+        self.recorder.stop_after = self.stop_after
         try:
             with torch.inference_mode(), self.recorder.active(), fused_norms(self.fused_norms):
                 out = self.model(
@@ -153,8 +170,11 @@ class StaticLookAhead:
                     use_cache=False,
                     logits_to_keep=1,
                 )
+        except DraftStopped:
+            return None
         finally:
             self.recorder.sink = None
+            self.recorder.stop_after = None
         return out.logits[:, -1].argmax(-1)
 
     def scalings(self) -> list[float]:

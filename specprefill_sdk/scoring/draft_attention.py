@@ -32,7 +32,7 @@ from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
-from ._attention_hook import ScoreCollector, install, skipped_layers
+from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
 
 __all__ = ["DraftAttentionScorer"]
@@ -144,6 +144,11 @@ class DraftAttentionScorer:
             torch's fused ``rms_norm`` plus the weight inside a scoring call (two kernels instead of
             eight; the same function, up to float32 summation order). Outside a scoring call, and in
             other threads, the model computes exactly what transformers computes.
+        layers: score with the draft's first ``layers`` decoder layers only, and run only those: the
+            prefill stops after that layer's attention inputs (no later layer, final norm or output
+            head runs), so scoring costs about ``layers / depth`` of a full draft prefill. Needs
+            ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
+            See docs/scoring.md for what it does to evidence recall.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
@@ -174,6 +179,7 @@ class DraftAttentionScorer:
         cuda_graph: bool = True,
         attention_backends: Sequence[str] | None = DEFAULT_ATTENTION_BACKENDS,
         fused_norms: bool = True,
+        layers: int | None = None,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
         self.cuda_graph = bool(cuda_graph)
@@ -188,6 +194,7 @@ class DraftAttentionScorer:
         model = self.loaded.model
         install(model)
         self._skip = skipped_layers(model.config)
+        self.layers = self._check_layers(layers, model.config)
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
@@ -206,18 +213,48 @@ class DraftAttentionScorer:
         """The draft's name (as given to `load_model`)."""
         return self.loaded.name
 
+    def _check_layers(self, layers: Any, config: Any) -> int | None:
+        if layers is None:
+            return None
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+        depth = int(text_config.num_hidden_layers)
+        if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= depth:
+            raise InvalidRequestError(
+                f"layers must be an integer from 1 to the draft's {depth} layers, got {layers!r}", param="layers"
+            )
+        if layers < depth and self.look_ahead > 1:
+            raise InvalidRequestError(
+                f"layers={layers} (fewer than the draft's {depth}) needs look_ahead=1: look-ahead tokens are "
+                f"decoded by the whole model; got look_ahead={self.look_ahead}",
+                param="layers",
+            )
+        if all(i in self._skip for i in range(layers)):
+            raise InvalidRequestError(
+                f"the draft's first {layers} layers all attend within a sliding window, and such layers do not "
+                "count when the model has global ones; use more layers",
+                param="layers",
+            )
+        return None if layers == depth else layers
+
     def __repr__(self) -> str:
+        layers = "" if self.layers is None else f", layers={self.layers}"
         return (
             f"DraftAttentionScorer(draft={self.model_name!r}, look_ahead={self.look_ahead}, "
-            f"pool_kernel={self.pool_kernel})"
+            f"pool_kernel={self.pool_kernel}{layers})"
         )
 
-    def with_options(self, look_ahead: int | None = None, pool_kernel: int | None = None) -> DraftAttentionScorer:
-        """A scorer with other settings that shares this one's loaded draft model."""
+    def with_options(
+        self, look_ahead: int | None = None, pool_kernel: int | None = None, layers: int | None = None
+    ) -> DraftAttentionScorer:
+        """A scorer with other settings that shares this one's loaded draft model.
+
+        ``layers`` is kept unless given; a scorer with ``layers`` set and ``look_ahead`` above 1 is refused.
+        """
         return DraftAttentionScorer(
             self.loaded,
             look_ahead=self.look_ahead if look_ahead is None else look_ahead,
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
+            layers=self.layers if layers is None else layers,
             target_tokenizer=self.target_tokenizer,
             max_batch_tokens=self.max_batch_tokens,
             cuda_graph=self.cuda_graph,
@@ -278,6 +315,7 @@ class DraftAttentionScorer:
             "look_ahead_requested": self.look_ahead,
             "look_ahead_token_ids": continuation,
             "pool_kernel": self.pool_kernel,
+            "layers": self.layers,
             "draft_tokens": len(draft.ids),
             "projected": draft.projected,
         }
@@ -340,17 +378,22 @@ class DraftAttentionScorer:
         from transformers import DynamicCache
 
         cache = {self._cache_arg: DynamicCache(config=model.config)}
+        if self.layers is not None:
+            collector.stop_after = self.layers - 1
         with torch.inference_mode(), collector.active(), _sdpa_context(self.attention_backends, device):
             collector.begin_step(0)
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=True,
-                logits_to_keep=1,
-                **cache,
-            )
-            token = out.logits[:, -1].argmax(-1)
+            try:
+                out = model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **cache,
+                )
+            except DraftStopped:
+                out = None
+            token = out.logits[:, -1].argmax(-1) if out is not None else lengths.new_zeros(size)
             done = torch.isin(token, self._eos)
             for step in range(1, self.look_ahead):
                 done |= lengths - 1 + step >= limit  # no position beyond the draft's context
@@ -394,7 +437,7 @@ class DraftAttentionScorer:
             self._runner = None  # free the old buffers before allocating new ones
         capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
         runner = StaticLookAhead(
-            self.loaded.model, size, capacity, steps, cuda_graph=keep, fused_norms=self.fused_norms
+            self.loaded.model, size, capacity, steps, cuda_graph=keep, fused_norms=self.fused_norms, layers=self.layers
         )
         if keep:
             self._runner = runner
@@ -423,10 +466,14 @@ class DraftAttentionScorer:
                     "it cannot be used as a draft"
                 )
             with torch.inference_mode():
-                tokens = runner.run(first, lengths, pad, width) if steps > 0 else None
+                tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
                 collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
-            generated = first[:, None] if tokens is None else torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1)
-            listed = generated.tolist()  # t_1 .. t_steps
+            if first is None:  # stopped after `layers` layers: no look-ahead (steps is 0)
+                listed: list[list[int]] = [[] for _ in range(size)]
+            elif tokens is None:
+                listed = first[:, None].tolist()
+            else:
+                listed = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
             best = collector.best
         eos = set(self.loaded.eos_token_ids)
         limit = self.loaded.max_context

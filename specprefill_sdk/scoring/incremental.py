@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .._norms import fused_norms
-from ..errors import SpecPrefillError
+from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import cache_argument
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
@@ -56,6 +56,12 @@ class DraftSession:
     def __init__(self, scorer: DraftAttentionScorer) -> None:
         if not isinstance(scorer, DraftAttentionScorer):
             raise TypeError(f"DraftSession needs a DraftAttentionScorer, got {type(scorer).__name__}")
+        if scorer.layers is not None:
+            raise InvalidRequestError(
+                f"DraftSession keeps the draft's whole cache between turns; a scorer with layers={scorer.layers} "
+                "runs part of the draft only (use DraftAttentionScorer(..., layers=None))",
+                param="layers",
+            )
         self.scorer = scorer
         self.loaded = scorer.loaded
         model = self.loaded.model

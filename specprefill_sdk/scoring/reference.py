@@ -40,13 +40,19 @@ def greedy_look_ahead(loaded: LoadedModel, token_ids: Sequence[int], look_ahead:
 
 
 def reference_draft_attention_scores(
-    loaded: LoadedModel, token_ids: Sequence[int], *, look_ahead: int = 8, pool_kernel: int = 13
+    loaded: LoadedModel,
+    token_ids: Sequence[int],
+    *,
+    look_ahead: int = 8,
+    pool_kernel: int = 13,
+    layers: int | None = None,
 ) -> tuple[torch.Tensor, list[int]]:
     """``(scores, look-ahead tokens)`` for one prompt of draft token ids, the slow way.
 
     Rows ``n-1 .. n+N-2`` of each layer's eager attention, columns ``:n`` renormalised to sum to one
     (that equals a softmax over the prompt keys), average-pooled with ``count_include_pad=False``, max
-    over layers and heads, mean over the queries.
+    over layers and heads, mean over the queries. ``layers``: only the first that many layers count
+    (the whole model still runs).
     """
     model = loaded.model
     n = len(token_ids)
@@ -62,7 +68,7 @@ def reference_draft_attention_scores(
     skip = skipped_layers(model.config)
     pooled_layers = []
     for layer, attn in enumerate(attentions):
-        if layer in skip:
+        if layer in skip or (layers is not None and layer >= layers):
             continue
         rows = attn[0, :, n - 1 :, :n].float()  # [H, queries, n]
         rows = (rows / rows.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
