@@ -76,10 +76,21 @@ class ScorerSettings(_Section):
     look_ahead: int = Field(default=8, ge=1, le=256)
     #: Width of the average pool that smooths each attention row (1 = none).
     pool_kernel: int = Field(default=13, ge=1, le=1025)
+    #: Score with the draft's first N layers only, which are all that run (needs ``look_ahead = 1``);
+    #: None: every layer. See ``DraftAttentionScorer(layers=...)``.
+    layers: int | None = Field(default=None, ge=1, le=1024)
     #: Seed of the ``random`` baseline.
     seed: int = 0
     #: Share of the kept tokens the ``head-tail`` baseline takes from the start, in [0, 1] (None: its default).
     head: float | None = Field(default=None, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _layers_need_one_query(self) -> ScorerSettings:
+        if self.layers is not None and self.look_ahead != 1:
+            raise ValueError(
+                f"layers ({self.layers}) needs look_ahead = 1: look-ahead tokens come from the whole draft"
+            )
+        return self
 
 
 class SelectorSettings(_Section):
@@ -148,6 +159,7 @@ _OVERRIDES: dict[str, str] = {
     "max_rate": "selector",
     "look_ahead": "scorer",
     "pool_kernel": "scorer",
+    "layers": "scorer",
     "sink": "protect",
     "tail": "protect",
     "roles": "protect",
@@ -261,7 +273,9 @@ class Policy(BaseModel):
 
         s = self.scorer
         if s.kind == "draft-attention":
-            return scoring.DraftAttentionScorer(draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, **kwargs)
+            return scoring.DraftAttentionScorer(
+                draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, layers=s.layers, **kwargs
+            )
         if s.kind == "self-information":
             return scoring.SelfInformationScorer(draft=draft, **kwargs)
         if s.kind == "uniform":
@@ -288,6 +302,8 @@ class Policy(BaseModel):
             parts.append(f"dense below {s.min_prompt_tokens} tokens")
         if self.scorer.kind == "draft-attention":
             parts.append(f"look-ahead {self.scorer.look_ahead}, pool {self.scorer.pool_kernel}")
+            if self.scorer.layers is not None:
+                parts.append(f"first {self.scorer.layers} draft layers")
         else:
             parts.append(f"scorer {self.scorer.kind}")
         return ", ".join(parts)
@@ -299,8 +315,12 @@ def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] =
     first_param: str | None = None
     for err in exc.errors():
         loc = [str(x) for x in err["loc"]]
+        message = str(err["msg"]).removeprefix("Value error, ")
+        lead = message.split(" ", 1)[0]
         if len(loc) >= 2 and loc[1] in flat:  # an override key: name it as the caller spelled it
             where, param = ".".join(loc[1:]), loc[1]
+        elif len(loc) == 1 and lead in flat:  # a section's own check about one override key
+            where, param = loc[0], lead
         else:
             where = param = ".".join(loc) or "policy"
         first_param = first_param or param
@@ -311,12 +331,10 @@ def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] =
             problems.append(f"unknown field '{where}'; valid fields{scope}: {', '.join(model.model_fields)}")
         elif err["type"] == "literal_error":
             problems.append(f"{where}: {err['msg']}, got {err['input']!r}")
+        elif message.startswith(("tail must", "kind ", "min_rate", "layers ")):
+            problems.append(f"{where}: {message}" if loc else message)
         else:
-            message = str(err["msg"]).removeprefix("Value error, ")
-            if message.startswith(("tail must", "kind ", "min_rate")):
-                problems.append(f"{where}: {message}" if loc else message)
-            else:
-                problems.append(f"{where}: {message}, got {err['input']!r}")
+            problems.append(f"{where}: {message}, got {err['input']!r}")
     return PolicyError(f"invalid policy {source}: {'; '.join(problems)}", param=first_param)
 
 

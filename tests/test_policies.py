@@ -141,8 +141,9 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
     values = {
         "keep_rate": 0.2,
         "chunk_size": 8,
-        "look_ahead": 2,
+        "look_ahead": 1,
         "pool_kernel": 5,
+        "layers": 6,
         "min_prompt_tokens": 64,
         "sink": 0,
         "tail": 4,
@@ -155,7 +156,9 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
     }
     changed = paper.with_overrides(**values)
     for key, value in values.items():
-        section = getattr(changed, {"look_ahead": "scorer", "pool_kernel": "scorer"}.get(key, "selector"))
+        section = getattr(
+            changed, {"look_ahead": "scorer", "pool_kernel": "scorer", "layers": "scorer"}.get(key, "selector")
+        )
         if not hasattr(section, key):
             section = changed.protect
         assert getattr(section, key) == value, key
@@ -191,6 +194,8 @@ def test_unknown_override_lists_the_valid_keys() -> None:
         ("chunk_size", 0),
         ("chunk_size", True),
         ("look_ahead", 0),
+        ("layers", 0),
+        ("layers", 4),  # with the preset's look-ahead 8
         ("tail", -3),
         ("token_budget", 0),
         ("roles", [1]),

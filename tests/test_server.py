@@ -112,6 +112,8 @@ def test_extra_body_controls_compression(client: openai.OpenAI, text: str) -> No
 
     half = create({"keep_rate": 0.5, "chunk_size": 8, "look_ahead": 2})
     assert 0.5 <= half["keep_ratio"] < 0.75
+    early = create({"keep_rate": 0.3, "look_ahead": 1, "layers": 10})
+    assert 0.3 <= early["keep_ratio"] < 0.5 and early["score_ms"] > 0
     off = create({"enabled": False})
     assert off["kept_tokens"] == off["n"] and off["score_ms"] == 0
     dense = create({"policy": "dense"})
@@ -247,6 +249,9 @@ BAD_INPUTS: list[tuple[str, str, str, Any, dict[str, str] | None, int]] = [
     ("unknown policy", "POST", CHAT, _sp_body(policy="turbo"), None, 400),
     ("policy given as a path", "POST", CHAT, _sp_body(policy="../../etc/passwd"), None, 400),
     ("look-ahead zero", "POST", CHAT, _sp_body(look_ahead=0), None, 422),
+    ("draft layers zero", "POST", CHAT, _sp_body(look_ahead=1, layers=0), None, 422),
+    ("draft layers with look-ahead 8", "POST", CHAT, _sp_body(layers=10), None, 400),
+    ("more draft layers than the draft has", "POST", CHAT, _sp_body(look_ahead=1, layers=31), None, 400),
     ("negative chunk size", "POST", CHAT, _sp_body(chunk_size=-3), None, 422),
     ("negative min_prompt_tokens", "POST", CHAT, _sp_body(min_prompt_tokens=-1), None, 422),
     ("keep rate and token budget", "POST", CHAT, _sp_body(keep_rate=0.2, token_budget=10), None, 400),

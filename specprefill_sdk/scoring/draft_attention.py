@@ -209,6 +209,12 @@ class DraftAttentionScorer:
         )
 
     @property
+    def depth(self) -> int:
+        """The draft's number of decoder layers."""
+        config = self.loaded.model.config
+        return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
+
+    @property
     def model_name(self) -> str:
         """The draft's name (as given to `load_model`)."""
         return self.loaded.name

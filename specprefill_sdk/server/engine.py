@@ -366,6 +366,10 @@ class ServingEngine:
                 for k in ("look_ahead", "pool_kernel")
                 if getattr(settings, k, None) is not None and getattr(settings, k) != getattr(base, k, None)
             }
+            layers = getattr(settings, "layers", None)
+            if layers != getattr(base, "layers", None):
+                # None asks for every layer: with_options takes the draft's depth for that
+                changes["layers"] = layers if layers is not None else getattr(base, "depth", None)
             with_options = getattr(base, "with_options", None)
             if changes and with_options is not None:
                 return cast(Scorer, with_options(**changes))

@@ -88,6 +88,9 @@ class SpecPrefillOptions(_Strict):
         None, ge=1, le=64, description="Draft look-ahead tokens whose attention scores the prompt."
     )
     pool_kernel: int | None = Field(None, ge=1, le=257, description="Smoothing kernel of the scores (odd).")
+    layers: int | None = Field(
+        None, ge=1, le=1024, description="Score with the draft's first N layers only (needs look_ahead 1)."
+    )
     min_prompt_tokens: int | None = Field(None, ge=0, description="Dense prefill below this prompt length.")
     sink: int | None = Field(None, ge=0, le=1024, description="Always keep this many leading tokens.")
     tail: bool | None = Field(None, description="Always keep the generation prompt at the end.")
@@ -153,6 +156,7 @@ class SpecPrefillOptions(_Strict):
             "chunk_size",
             "look_ahead",
             "pool_kernel",
+            "layers",
             "min_prompt_tokens",
             "sink",
             "tail",
