@@ -650,7 +650,14 @@ def llama_config(kind: str) -> dict[str, Any]:
 
 
 def stage_speed(
-    out: Path, tokenizer_dir: Path, lengths: list[int], reps: int, deadline_s: float, burst: int, budget_s: float
+    out: Path,
+    tokenizer_dir: Path,
+    lengths: list[int],
+    reps: int,
+    deadline_s: float,
+    burst: int,
+    budget_s: float,
+    look_aheads: tuple[int, ...] = (8,),
 ) -> dict[str, Any]:
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -694,14 +701,16 @@ def stage_speed(
         dtype=torch.bfloat16,
         source="random",
     )
-    scorer = DraftAttentionScorer(loaded, target_tokenizer=tok)
+    scorers = {la: DraftAttentionScorer(loaded, look_ahead=la, target_tokenizer=tok) for la in look_aheads}
+    scorer = scorers[look_aheads[0]]
     selector = Protect(Chunked(KeepRate(0.1), 32))
     one = SamplingParams(max_tokens=1)
     rng = np.random.default_rng(3)
     result: dict[str, Any] = {
         "target": "Llama-3.1-8B architecture, random weights (load_format=dummy), bf16, vLLM 0.33.0 V2 runner, "
         "CUDA graphs + torch.compile, max_num_batched_tokens=16384, gpu_memory_utilization=0.80",
-        "draft": f"Llama-3.2-1B architecture, random weights, transformers SDPA bf16, same GPU, {scorer!r}",
+        "draft": f"Llama-3.2-1B architecture, random weights, transformers SDPA bf16, same GPU, {scorer!r}"
+        + (f"; also look-ahead {', '.join(map(str, look_aheads[1:]))}" if len(look_aheads) > 1 else ""),
         "selector": selector.name,
         "engine_startup_s": round(startup_s, 1),
         "vanilla_note": "vanilla = requests without layout on the same engine (stock positions path)",
@@ -711,7 +720,7 @@ def stage_speed(
     def vanilla_ms(n: int) -> float:
         return backend.generate(CompressedPrompt.dense(random_prompt(n, rng, 128000)), one).timings.ttft
 
-    def specprefill_ms(n: int) -> dict[str, float]:
+    def specprefill_ms(n: int, scorer: Any = scorer) -> dict[str, float]:
         prompt = random_prompt(n, rng, 128000)
         t_start = time.perf_counter()
         scores = scorer.score(prompt)
@@ -735,34 +744,37 @@ def stage_speed(
             result["ttft"].append({"n": n, "skipped": f"{elapsed():.0f} s elapsed of a {budget_s:.0f} s budget"})
             continue
         vanilla_ms(n)  # warm-up at this length
-        specprefill_ms(n)
+        for la_scorer in scorers.values():
+            specprefill_ms(n, la_scorer)
         vanilla = [vanilla_ms(n) for _ in range(reps)]
-        sp = [specprefill_ms(n) for _ in range(reps)]
-        med = {k: statistics.median(s[k] for s in sp) for k in sp[0]}
         v = statistics.median(vanilla)
-        ceiling = v / (med["score"] + med["prefill"])
-        speedup = v / med["total"]
-        row = {
-            "n": n,
-            "kept": int(med["kept"]),
-            "vanilla_ttft_ms": round(v, 1),
-            "specprefill_ttft_ms": round(med["total"], 1),
-            "draft_score_ms": round(med["score"], 1),
-            "select_ms": round(med["select"], 2),
-            "compressed_prefill_ms": round(med["prefill"], 1),
-            "speedup": round(speedup, 2),
-            "ceiling": round(ceiling, 2),
-            "share_of_ceiling": round(speedup / ceiling, 3),
-            "reps": reps,
-            "vanilla_all_ms": [round(x, 1) for x in vanilla],
-            "specprefill_all_ms": [round(s["total"], 1) for s in sp],
-        }
-        logger.info("TTFT %s", row)
-        result["ttft"].append(row)
+        for la, la_scorer in scorers.items():
+            sp = [specprefill_ms(n, la_scorer) for _ in range(reps)]
+            med = {k: statistics.median(s[k] for s in sp) for k in sp[0]}
+            ceiling = v / (med["score"] + med["prefill"])
+            speedup = v / med["total"]
+            row = {
+                "n": n,
+                "look_ahead": la,
+                "kept": int(med["kept"]),
+                "vanilla_ttft_ms": round(v, 1),
+                "specprefill_ttft_ms": round(med["total"], 1),
+                "draft_score_ms": round(med["score"], 1),
+                "select_ms": round(med["select"], 2),
+                "compressed_prefill_ms": round(med["prefill"], 1),
+                "speedup": round(speedup, 2),
+                "ceiling": round(ceiling, 2),
+                "share_of_ceiling": round(speedup / ceiling, 3),
+                "reps": reps,
+                "vanilla_all_ms": [round(x, 1) for x in vanilla],
+                "specprefill_all_ms": [round(s["total"], 1) for s in sp],
+            }
+            logger.info("TTFT %s", row)
+            result["ttft"].append(row)
         RESULTS["stages"]["speed"] = result
         save(out)
         if index == 0:  # the longest prompts first: the throughput burst uses that length
-            result["throughput"] = throughput(backend, scorer, selector, n, deadline_s, burst, rng)
+            result["throughput"] = throughput(backend, scorers, selector, n, deadline_s, burst, rng)
             save(out)
     backend.close()
     return result
@@ -781,9 +793,19 @@ def steady_rate(first_token_s: list[float]) -> float | None:
 
 
 def throughput(
-    backend: Any, scorer: Any, selector: Any, n: int, deadline_s: float, burst: int, rng: np.random.Generator
+    backend: Any,
+    scorers: dict[int, Any],
+    selector: Any,
+    n: int,
+    deadline_s: float,
+    burst: int,
+    rng: np.random.Generator,
 ) -> dict[str, Any]:
-    """Requests whose first token comes within ``deadline_s`` of a burst of ``burst`` prompts, per second."""
+    """Requests whose first token comes within ``deadline_s`` of a burst of ``burst`` prompts, per second.
+
+    One vanilla burst, then one SpecPrefill burst per scorer (look-ahead -> scorer): ``specprefill``,
+    ``gain`` and ``steady_gain`` are the first scorer's; ``by_look_ahead`` holds every scorer's.
+    """
     from specprefill_sdk.types import CompressedPrompt, SamplingParams
 
     one = SamplingParams(max_tokens=1)
@@ -842,32 +864,41 @@ def throughput(
     logger.info("throughput vanilla %s", result["vanilla"])
     # SpecPrefill: the draft scores the queued prompts one after another and submits each at once;
     # vLLM (its own process) prefills while the draft scores the next.
-    prompts = [random_prompt(n, rng, 128000) for _ in range(burst)]
-    t0 = time.monotonic()
-    rids = []
-    for p in prompts:
-        if time.monotonic() - t0 > deadline_s:
-            break
-        cp = CompressedPrompt.from_selection(p, selector.select(p, scorer.score(p)))
-        vp, params = backend.request(cp, one)
-        rids.append(driver.submit(vp, params))
-    firsts = collect(rids, t0, t0 + deadline_s + 0.5)
-    drain()
-    ok = sorted(v for v in firsts.values() if v <= deadline_s)
-    result["specprefill"] = {
-        "within_deadline": len(ok),
-        "requests_per_s": round(len(ok) / deadline_s, 3),
-        "submitted": len(rids),
-        "first_token_s": [round(v, 2) for v in sorted(firsts.values())],
-    }
-    logger.info("throughput specprefill %s", result["specprefill"])
     v = result["vanilla"]["requests_per_s"]
-    result["gain"] = round(result["specprefill"]["requests_per_s"] / v, 2) if v else None
-    for mode in ("vanilla", "specprefill"):
-        rate = steady_rate(result[mode]["first_token_s"])
-        result[mode]["steady_requests_per_s"] = None if rate is None else round(rate, 3)
-    sv, ss = result["vanilla"]["steady_requests_per_s"], result["specprefill"]["steady_requests_per_s"]
-    result["steady_gain"] = round(ss / sv, 2) if sv and ss else None
+    rate = steady_rate(result["vanilla"]["first_token_s"])
+    result["vanilla"]["steady_requests_per_s"] = None if rate is None else round(rate, 3)
+    sv = result["vanilla"]["steady_requests_per_s"]
+    result["by_look_ahead"] = {}
+    for la, scorer in scorers.items():
+        prompts = [random_prompt(n, rng, 128000) for _ in range(burst)]
+        t0 = time.monotonic()
+        rids = []
+        for p in prompts:
+            if time.monotonic() - t0 > deadline_s:
+                break
+            cp = CompressedPrompt.from_selection(p, selector.select(p, scorer.score(p)))
+            vp, params = backend.request(cp, one)
+            rids.append(driver.submit(vp, params))
+        firsts = collect(rids, t0, t0 + deadline_s + 0.5)
+        drain()
+        ok = sorted(t for t in firsts.values() if t <= deadline_s)
+        spec: dict[str, Any] = {
+            "look_ahead": la,
+            "within_deadline": len(ok),
+            "requests_per_s": round(len(ok) / deadline_s, 3),
+            "submitted": len(rids),
+            "first_token_s": [round(t, 2) for t in sorted(firsts.values())],
+        }
+        rate = steady_rate(spec["first_token_s"])
+        spec["steady_requests_per_s"] = None if rate is None else round(rate, 3)
+        spec["gain"] = round(spec["requests_per_s"] / v, 2) if v else None
+        ss = spec["steady_requests_per_s"]
+        spec["steady_gain"] = round(ss / sv, 2) if sv and ss else None
+        logger.info("throughput specprefill look-ahead %d %s", la, spec)
+        result["by_look_ahead"][str(la)] = spec
+    first = result["by_look_ahead"][str(next(iter(scorers)))]
+    result["specprefill"] = first
+    result["gain"], result["steady_gain"] = first["gain"], first["steady_gain"]
     return result
 
 
@@ -881,6 +912,9 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=5.0)
     parser.add_argument("--burst", type=int, default=24)
     parser.add_argument("--budget", type=float, default=500.0, help="seconds this run may take")
+    parser.add_argument(
+        "--look-aheads", default="8", help="speed stage: the draft scorers' look-aheads, comma-separated (first: main)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stdout)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -907,7 +941,10 @@ def main() -> int:
                 res = stage_qwen2(args.out, args.tokenizer)
             elif stage == "speed":
                 lengths = [int(x) for x in args.lengths.split(",")]
-                res = stage_speed(args.out, args.tokenizer, lengths, args.reps, args.deadline, args.burst, args.budget)
+                look_aheads = tuple(int(x) for x in args.look_aheads.split(","))
+                res = stage_speed(
+                    args.out, args.tokenizer, lengths, args.reps, args.deadline, args.burst, args.budget, look_aheads
+                )
             else:
                 raise SystemExit(f"unknown stage {stage}")
         except Exception:
