@@ -48,6 +48,7 @@ def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
     for row in fp32:
         for path in ("graph", "eager", "unfused", "stepwise"):
             assert row[path]["same_tokens"] and row[path]["rel"] < 1e-4, (row["draft"], path, row[path])
+        assert row["early"]["rel"] < 1e-4 and row["early"]["layers"] >= 1, row["early"]
     assert "smallest top-2 logit margin" in (tmp_path / "exactness_gpu_h200.md").read_text()
 
 
