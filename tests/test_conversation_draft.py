@@ -47,3 +47,21 @@ def test_session_scores_equal_full_scoring_and_prefill_only_new_tokens(smollm, e
     session.reset()
     session.score(p1)
     assert session.last_prefilled == p1.n
+
+
+def test_a_session_with_the_first_layers_only_caches_those_and_scores_like_the_scorer(smollm, essay) -> None:
+    scorer = DraftAttentionScorer(smollm, look_ahead=1, layers=10)
+    session = DraftSession(scorer)
+    tok = smollm.tokenizer
+    turn1 = [{"role": "user", "content": essay[:700] + "\n\nWhat is this about?"}]
+    turn2 = [*turn1, {"role": "assistant", "content": "Work."}, {"role": "user", "content": "And the city?"}]
+    for messages in (turn1, turn2):
+        prompt = build_prompt(tok, messages)
+        mine = session.score(prompt)
+        full = scorer.score(prompt)
+        assert torch.allclose(mine.values, full.values, atol=2e-3, rtol=0)
+        assert torch.equal(mine.values.topk(20).indices.sort().values, full.values.topk(20).indices.sort().values)
+        # only the first 10 layers ran, so only they hold the conversation
+        cache = session._cache
+        assert len(cache.layers) == 10 and cache.get_seq_length() == session.cached_tokens == prompt.n
+    assert session.last_prefilled < build_prompt(tok, turn2).n / 4

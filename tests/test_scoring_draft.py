@@ -285,8 +285,6 @@ def test_the_first_layers_of_tiny_models_match_the_reference(kind, layers, token
 
 
 def test_bad_layer_counts_are_refused(fp32_scorer, tokenizer):
-    from specprefill_sdk.scoring.incremental import DraftSession
-
     depth = fp32_scorer.loaded.model.config.num_hidden_layers
     for bad in (0, -1, depth + 1, True, 2.5, "3"):
         with pytest.raises(InvalidRequestError, match="layers must be an integer") as info:
@@ -298,5 +296,3 @@ def test_bad_layer_counts_are_refused(fp32_scorer, tokenizer):
         fp32_scorer.with_options(look_ahead=1, layers=4).with_options(look_ahead=2)
     with pytest.raises(InvalidRequestError, match="sliding window"):
         DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=1, layers=1)
-    with pytest.raises(InvalidRequestError, match="DraftSession"):
-        DraftSession(fp32_scorer.with_options(look_ahead=1, layers=4))

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 
-__all__ = ["DraftStopped", "QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
+__all__ = ["DraftStopped", "LayerStop", "QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +92,16 @@ class _Observer:
             yield None
         finally:
             _ACTIVE.reset(token)
+
+
+class LayerStop(_Observer):
+    """Records nothing; only ends the forward pass after layer ``stop_after``'s attention inputs."""
+
+    def __init__(self, stop_after: int) -> None:
+        self.stop_after = stop_after
+
+    def observe(self, module: Any, *args: Any) -> None:
+        return None
 
 
 class ScoreCollector(_Observer):

@@ -5,7 +5,8 @@ the previous one, so a `DraftSession` keeps the draft's (dense) cache of the tok
 read, prefills only what is new, and then scores the *whole* prompt exactly as the scorer does: the
 last prompt token and up to ``look_ahead - 1`` greedy look-ahead tokens attend to every prompt key
 (cached or new), rows are smoothed and reduced by max over layers and heads, mean over queries. The
-look-ahead tokens are removed from the cache afterwards.
+look-ahead tokens are removed from the cache afterwards. With a scorer of ``layers=N`` only the draft's
+first N layers run, and only their cache is kept.
 
 Example::
 
@@ -17,17 +18,18 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
 import torch
 
 from .._norms import fused_norms
-from ..errors import InvalidRequestError, SpecPrefillError
+from ..errors import SpecPrefillError
 from ..models import cache_argument
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
-from ._attention_hook import ScoreCollector, skipped_layers
+from ._attention_hook import DraftStopped, LayerStop, ScoreCollector, skipped_layers
 from .draft_attention import DraftAttentionScorer
 
 __all__ = ["DraftSession"]
@@ -56,12 +58,6 @@ class DraftSession:
     def __init__(self, scorer: DraftAttentionScorer) -> None:
         if not isinstance(scorer, DraftAttentionScorer):
             raise TypeError(f"DraftSession needs a DraftAttentionScorer, got {type(scorer).__name__}")
-        if scorer.layers is not None:
-            raise InvalidRequestError(
-                f"DraftSession keeps the draft's whole cache between turns; a scorer with layers={scorer.layers} "
-                "runs part of the draft only (use DraftAttentionScorer(..., layers=None))",
-                param="layers",
-            )
         self.scorer = scorer
         self.loaded = scorer.loaded
         model = self.loaded.model
@@ -138,20 +134,30 @@ class DraftSession:
                 layer.values = layer.values[..., :length, :]
         del self.token_ids[length:]
 
-    def _forward(self, ids: list[int], start: int) -> torch.Tensor:
+    def _forward(self, ids: list[int], start: int, observed: bool = False) -> torch.Tensor | None:
+        """Extend the cache by ``ids`` at positions ``start...``; the last token's logits.
+
+        ``observed``: a `ScoreCollector` is active (it stops the pass itself when the scorer has
+        ``layers``); otherwise such a scorer's pass is stopped here. A stopped pass has no logits (None).
+        """
         device = self.loaded.device
         input_ids = torch.tensor([ids], dtype=torch.long, device=device)
         positions = torch.arange(start, start + len(ids), device=device)[None, :]
-        with fused_norms(self.scorer.fused_norms):
-            out = self.loaded.model(
-                input_ids=input_ids,
-                position_ids=positions,
-                use_cache=True,
-                logits_to_keep=1,
-                **{self._cache_arg: self._cache},
-            )
+        layers = self.scorer.layers
+        stop = LayerStop(layers - 1).active() if layers is not None and not observed else contextlib.nullcontext()
+        try:
+            with fused_norms(self.scorer.fused_norms), stop:
+                out = self.loaded.model(
+                    input_ids=input_ids,
+                    position_ids=positions,
+                    use_cache=True,
+                    logits_to_keep=1,
+                    **{self._cache_arg: self._cache},
+                )
+        except DraftStopped:
+            out = None
         self.token_ids.extend(ids)
-        return out.logits[0, -1]
+        return None if out is None else out.logits[0, -1]
 
     @torch.inference_mode()
     def _score_ids(self, ids: tuple[int, ...]) -> tuple[torch.Tensor, int, tuple[int, ...]]:
@@ -182,16 +188,21 @@ class DraftSession:
         limit = self.loaded.max_context
         used = 1
         generated: list[int] = []
+        if self.scorer.layers is not None:
+            collector.stop_after = self.scorer.layers - 1
         with collector.active():
             collector.begin_step(0)
-            token = int(self._forward([ids[-1]], n - 1).argmax())
+            logits = self._forward([ids[-1]], n - 1, observed=True)
+            token = int(logits.argmax()) if logits is not None else -1  # no look-ahead with `layers`
             for step in range(1, look_ahead):
                 if token in self._eos or n - 1 + step >= limit:
                     break
                 generated.append(token)
                 used += 1
                 collector.begin_step(step)
-                token = int(self._forward([token], n - 1 + step).argmax())
+                logits = self._forward([token], n - 1 + step, observed=True)
+                assert logits is not None  # look-ahead > 1 runs every layer
+                token = int(logits.argmax())
         if not collector.layers_seen:
             raise SpecPrefillError(
                 f"{type(self.loaded.model).__name__} did not route its attention through the scoring hook; "
