@@ -17,6 +17,12 @@ Usage::
 
     python benchmarks/ttft_cpu.py                         # 1K/2K/4K, keep 0.1/0.3, 3 repeats
     python benchmarks/ttft_cpu.py --lengths 512 --repeats 1 --out /tmp/x   # a quick check
+    python benchmarks/ttft_cpu.py --lengths 2048 --keep-rates 0.1 --draft-layers 16 20   # + first-layers scorers
+
+``--draft-layers N ...`` adds, for each N, SpecPrefill with ``DraftAttentionScorer(look_ahead=1,
+layers=N)`` (the draft's first N layers score, and only they run) beside the paper policy, timed in the
+same interleaved rounds; each adds one row per keep rate (``layers`` says which). The parts above
+still time the whole draft.
 """
 
 from __future__ import annotations
@@ -90,9 +96,10 @@ def measure(
     draft: LoadedModel,
     backend: TransformersBackend,
     scorers: tuple[DraftAttentionScorer, DraftAttentionScorer],
-    pipelines: dict[float, Pipeline],
+    pipelines: dict[tuple[float, int | None], Pipeline],
 ) -> list[dict[str, Any]]:
-    """Time every path on one prompt (``repeats`` interleaved rounds); one row per keep rate."""
+    """Time every path on one prompt (``repeats`` interleaved rounds); one row per keep rate and scorer
+    (``pipelines`` keys: keep rate, draft layers or None for the paper policy)."""
     scorer8, scorer1 = scorers
     first = SamplingParams(max_tokens=1)
     n = prompt.n
@@ -101,7 +108,7 @@ def measure(
     same_vocab = draft.tokenizer.get_vocab() == target.tokenizer.get_vocab()
     draft_ids = ids if same_vocab else list(draft.tokenizer(prompt.text, add_special_tokens=False)["input_ids"])
     times: dict[str, list[float]] = {}
-    kept: dict[float, CompressedPrompt] = {}
+    kept: dict[str, CompressedPrompt] = {}
 
     def add(key: str, fn: Callable[[], Any]) -> Any:
         wall, cpu, out = _ms(fn)
@@ -118,31 +125,34 @@ def measure(
         add("draft_prefill", partial(plain_forward, draft, draft_ids))
         add("score_la8", partial(scorer8.score, prompt))
         add("score_la1", partial(scorer1.score, prompt))
-        for rate, pipe in pipelines.items():
-            c = add(f"spec_{rate}", partial(pipe.generate, prompt, first))
-            times.setdefault(f"spec_score_{rate}", []).append(c.timings.score)
-            times.setdefault(f"spec_select_{rate}", []).append(c.timings.select)
-            times.setdefault(f"spec_prefill_{rate}", []).append(c.timings.ttft - c.timings.score - c.timings.select)
+        for (rate, layers), pipe in pipelines.items():
+            tag = _tag(rate, layers)
+            c = add(f"spec_{tag}", partial(pipe.generate, prompt, first))
+            times.setdefault(f"spec_score_{tag}", []).append(c.timings.score)
+            times.setdefault(f"spec_select_{tag}", []).append(c.timings.select)
+            times.setdefault(f"spec_prefill_{tag}", []).append(c.timings.ttft - c.timings.score - c.timings.select)
             assert c.selection is not None
             comp = CompressedPrompt.from_selection(prompt, c.selection)
-            kept[rate] = comp
-            add(f"kept_plain_{rate}", partial(plain_forward, target, list(comp.token_ids), list(comp.position_ids)))
+            kept[tag] = comp
+            add(f"kept_plain_{tag}", partial(plain_forward, target, list(comp.token_ids), list(comp.position_ids)))
     med = {k: statistics.median(v) for k, v in times.items()}
     cmed = {k: statistics.median(v) for k, v in cpu_times.items()}
     full = min(med.get("full_backend", math.inf), med["full_plain"])
     cfull = min(cmed.get("full_backend", math.inf), cmed["full_plain"])
     rows = []
-    for rate in args.keep_rates:
-        spec = med[f"spec_{rate}"]
-        ceiling = full / (med["draft_prefill"] + med[f"kept_plain_{rate}"])
-        cspec = cmed[f"spec_{rate}"]
-        cceiling = cfull / (cmed["draft_prefill"] + cmed[f"kept_plain_{rate}"])
+    for rate, layers in pipelines:
+        tag = _tag(rate, layers)
+        spec = med[f"spec_{tag}"]
+        ceiling = full / (med["draft_prefill"] + med[f"kept_plain_{tag}"])
+        cspec = cmed[f"spec_{tag}"]
+        cceiling = cfull / (cmed["draft_prefill"] + cmed[f"kept_plain_{tag}"])
         rows.append(
             {
                 "n": n,
                 "keep_rate": rate,
-                "kept": kept[rate].kept,
-                "keep_ratio": round(kept[rate].keep_ratio, 4),
+                "layers": layers,
+                "kept": kept[tag].kept,
+                "keep_ratio": round(kept[tag].keep_ratio, 4),
                 "cpu_full_ms": round(cfull, 1),
                 "cpu_specprefill_ms": round(cspec, 1),
                 "cpu_speedup": round(cfull / cspec, 2),
@@ -151,16 +161,16 @@ def measure(
                 "cpu_score_la8_ms": round(cmed["score_la8"], 1),
                 "cpu_score_la1_ms": round(cmed["score_la1"], 1),
                 "cpu_draft_prefill_ms": round(cmed["draft_prefill"], 1),
-                "cpu_kept_prefill_ms": round(cmed[f"kept_plain_{rate}"], 1),
+                "cpu_kept_prefill_ms": round(cmed[f"kept_plain_{tag}"], 1),
                 "full_ms": round(full, 1),
                 "full_backend_ms": round(med["full_backend"], 1) if "full_backend" in med else None,
                 "full_plain_ms": round(med["full_plain"], 1),
                 "specprefill_ms": round(spec, 1),
                 "speedup": round(full / spec, 2),
-                "score_ms": round(med[f"spec_score_{rate}"], 1),
-                "select_ms": round(med[f"spec_select_{rate}"], 2),
-                "kept_prefill_backend_ms": round(med[f"spec_prefill_{rate}"], 1),
-                "kept_prefill_plain_ms": round(med[f"kept_plain_{rate}"], 1),
+                "score_ms": round(med[f"spec_score_{tag}"], 1),
+                "select_ms": round(med[f"spec_select_{tag}"], 2),
+                "kept_prefill_backend_ms": round(med[f"spec_prefill_{tag}"], 1),
+                "kept_prefill_plain_ms": round(med[f"kept_plain_{tag}"], 1),
                 "draft_prefill_ms": round(med["draft_prefill"], 1),
                 "score_la8_ms": round(med["score_la8"], 1),
                 "score_la1_ms": round(med["score_la1"], 1),
@@ -169,12 +179,12 @@ def measure(
                 "runs": {
                     k: [round(x, 1) for x in v]
                     for k, v in times.items()
-                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")
+                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{tag}")
                 },
                 "cpu_runs": {
                     k: [round(x, 1) for x in v]
                     for k, v in cpu_times.items()
-                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{rate}")
+                    if not k.startswith(("spec_", "kept_")) or k.endswith(f"_{tag}")
                 },
             }
         )
@@ -193,6 +203,10 @@ def measure(
     return rows
 
 
+def _tag(rate: float, layers: int | None) -> str:
+    return f"{rate}" if layers is None else f"{rate}_layers{layers}"
+
+
 def selector(rate: float) -> Protect:
     return Protect(Chunked(KeepRate(rate), 32), sink=1, tail=True)
 
@@ -206,7 +220,11 @@ def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None]) -> di
     scorer8 = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=target.tokenizer)
     scorer1 = scorer8.with_options(look_ahead=1)
     first = SamplingParams(max_tokens=1)
-    pipelines = {r: Pipeline(scorer8, selector(r), backend) for r in args.keep_rates}
+    pipelines: dict[tuple[float, int | None], Pipeline] = {}
+    for r in args.keep_rates:
+        pipelines[(r, None)] = Pipeline(scorer8, selector(r), backend)
+        for layers in args.draft_layers:
+            pipelines[(r, layers)] = Pipeline(scorer8.with_options(look_ahead=1, layers=layers), selector(r), backend)
 
     # Warm-up: first calls pay for one-time set-up (kernels, weights paged in, lazy imports).
     warm = make_prompt(target.tokenizer, 256, args.seed)
@@ -236,7 +254,13 @@ def header(args: argparse.Namespace, load_before: tuple[float, float, float]) ->
         "target": args.target,
         "draft": args.draft,
         "policy": "Protect(Chunked(KeepRate(r), 32), sink=1, tail=True); DraftAttentionScorer(look_ahead=8, "
-        "pool_kernel=13) (the paper policy)",
+        "pool_kernel=13) (the paper policy)"
+        + (
+            f"; rows with layers N: DraftAttentionScorer(look_ahead=1, pool_kernel=13, layers=N) (the draft's first N "
+            f"layers only), N in {', '.join(map(str, args.draft_layers))}"
+            if args.draft_layers
+            else ""
+        ),
         "repeats": args.repeats,
         "machine": {
             "processor": platform.processor() or platform.machine(),
@@ -253,6 +277,11 @@ def header(args: argparse.Namespace, load_before: tuple[float, float, float]) ->
     }
 
 
+def _scorer(row: dict[str, Any]) -> str:
+    layers = row.get("layers")
+    return "paper (la 8)" if layers is None else f"first {layers} layers (la 1)"
+
+
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [
@@ -264,13 +293,14 @@ def markdown(result: dict[str, Any]) -> str:
         f"- policy: {result['policy']}",
         f"- median of {result['repeats']} runs; command: `{result['command']}`",
         "",
-        "| n | keep | kept | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling | score ms "
+        "| n | keep | scorer | kept | full ms | SpecPrefill ms | speedup | ceiling | ratio to ceiling | score ms "
         "| kept prefill ms | draft prefill ms | scoring / draft prefill (la 8, la 1) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['n']} | {r['keep_rate']:g} | {r['kept']} | {r['full_ms']:.0f} | {r['specprefill_ms']:.0f} | "
+            f"| {r['n']} | {r['keep_rate']:g} | {_scorer(r)} | {r['kept']} | {r['full_ms']:.0f} | "
+            f"{r['specprefill_ms']:.0f} | "
             f"**{r['speedup']:.2f}x** | {r['ceiling']:.2f}x | {100 * r['ratio_to_ceiling']:.0f}% | "
             f"{r['score_ms']:.0f} | {r['kept_prefill_backend_ms']:.0f} | {r['draft_prefill_ms']:.0f} | "
             f"{r['score_la8_ms'] / r['draft_prefill_ms']:.2f}x, {r['score_la1_ms'] / r['draft_prefill_ms']:.2f}x |"
@@ -280,13 +310,14 @@ def markdown(result: dict[str, Any]) -> str:
         "Process CPU time of the same runs (with one torch thread this is the single-core compute time, "
         "unaffected by other processes' load):",
         "",
-        "| n | keep | full CPU ms | SpecPrefill CPU ms | speedup | ceiling | ratio to ceiling | draft prefill "
+        "| n | keep | scorer | full CPU ms | SpecPrefill CPU ms | speedup | ceiling | ratio to ceiling | draft prefill "
         "| scoring la 8 | scoring la 1 | kept prefill |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
         lines.append(
-            f"| {r['n']} | {r['keep_rate']:g} | {r['cpu_full_ms']:.0f} | {r['cpu_specprefill_ms']:.0f} | "
+            f"| {r['n']} | {r['keep_rate']:g} | {_scorer(r)} | {r['cpu_full_ms']:.0f} | "
+            f"{r['cpu_specprefill_ms']:.0f} | "
             f"**{r['cpu_speedup']:.2f}x** | {r['cpu_ceiling']:.2f}x | {100 * r['cpu_ratio_to_ceiling']:.0f}% | "
             f"{r['cpu_draft_prefill_ms']:.0f} | {r['cpu_score_la8_ms']:.0f} | {r['cpu_score_la1_ms']:.0f} | "
             f"{r['cpu_kept_prefill_ms']:.0f} |"
@@ -314,7 +345,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     full = [next(r["full_ms"] for r in rows if r["n"] == n) / 1000 for n in ns]
     ax.bar([x - 0.4 + width / 2 for x in xs], full, width, label="full prefill", color="#888888")
     for i, rate in enumerate(rates):
-        sel = [next(r for r in rows if r["n"] == n and r["keep_rate"] == rate) for n in ns]
+        sel = [next(r for r in rows if r["n"] == n and r["keep_rate"] == rate and r.get("layers") is None) for n in ns]
         bars = ax.bar(
             [x - 0.4 + width * (i + 1.5) for x in xs],
             [r["specprefill_ms"] / 1000 for r in sel],
@@ -351,6 +382,14 @@ def main() -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="ttft_cpu_qwen2.5-coder")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2, the machine's cores)")
+    parser.add_argument(
+        "--draft-layers",
+        type=int,
+        nargs="*",
+        default=[],
+        metavar="N",
+        help="also SpecPrefill scoring with the draft's first N layers, look-ahead 1 (one row each)",
+    )
     parser.add_argument(
         "--backend-full",
         action="store_true",

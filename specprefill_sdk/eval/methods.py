@@ -30,6 +30,7 @@ __all__ = [
     "is_method",
     "method_description",
     "method_names",
+    "method_order",
 ]
 
 logger = logging.getLogger(__name__)
@@ -166,7 +167,7 @@ def build_methods(
 
     def early(name: str) -> Method:
         assert base is not None
-        depth = int(base.loaded.model.config.get_text_config().num_hidden_layers)
+        depth = base.depth
         match = _EARLY.fullmatch(name)
         layers = int(match.group(1)) if match else max(1, depth // 2)
         if layers > depth:

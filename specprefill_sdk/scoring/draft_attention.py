@@ -194,7 +194,7 @@ class DraftAttentionScorer:
         model = self.loaded.model
         install(model)
         self._skip = skipped_layers(model.config)
-        self.layers = self._check_layers(layers, model.config)
+        self.layers = self._check_layers(layers)
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
@@ -219,11 +219,10 @@ class DraftAttentionScorer:
         """The draft's name (as given to `load_model`)."""
         return self.loaded.name
 
-    def _check_layers(self, layers: Any, config: Any) -> int | None:
+    def _check_layers(self, layers: Any) -> int | None:
         if layers is None:
             return None
-        text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-        depth = int(text_config.num_hidden_layers)
+        depth = self.depth
         if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= depth:
             raise InvalidRequestError(
                 f"layers must be an integer from 1 to the draft's {depth} layers, got {layers!r}", param="layers"
@@ -254,7 +253,8 @@ class DraftAttentionScorer:
     ) -> DraftAttentionScorer:
         """A scorer with other settings that shares this one's loaded draft model.
 
-        ``layers`` is kept unless given; a scorer with ``layers`` set and ``look_ahead`` above 1 is refused.
+        ``layers`` is kept unless given (``layers=scorer.depth`` asks for every layer again); a scorer
+        with fewer layers than the draft's and ``look_ahead`` above 1 is refused.
         """
         return DraftAttentionScorer(
             self.loaded,
