@@ -747,28 +747,9 @@ def stage_speed(
         for la_scorer in scorers.values():
             specprefill_ms(n, la_scorer)
         vanilla = [vanilla_ms(n) for _ in range(reps)]
-        v = statistics.median(vanilla)
         for la, la_scorer in scorers.items():
             sp = [specprefill_ms(n, la_scorer) for _ in range(reps)]
-            med = {k: statistics.median(s[k] for s in sp) for k in sp[0]}
-            ceiling = v / (med["score"] + med["prefill"])
-            speedup = v / med["total"]
-            row = {
-                "n": n,
-                "look_ahead": la,
-                "kept": int(med["kept"]),
-                "vanilla_ttft_ms": round(v, 1),
-                "specprefill_ttft_ms": round(med["total"], 1),
-                "draft_score_ms": round(med["score"], 1),
-                "select_ms": round(med["select"], 2),
-                "compressed_prefill_ms": round(med["prefill"], 1),
-                "speedup": round(speedup, 2),
-                "ceiling": round(ceiling, 2),
-                "share_of_ceiling": round(speedup / ceiling, 3),
-                "reps": reps,
-                "vanilla_all_ms": [round(x, 1) for x in vanilla],
-                "specprefill_all_ms": [round(s["total"], 1) for s in sp],
-            }
+            row = {"look_ahead": la, **ttft_row(n, vanilla, sp)}
             logger.info("TTFT %s", row)
             result["ttft"].append(row)
         RESULTS["stages"]["speed"] = result
@@ -778,6 +759,29 @@ def stage_speed(
             save(out)
     backend.close()
     return result
+
+
+def ttft_row(n: int, vanilla: list[float], sp: list[dict[str, float]]) -> dict[str, Any]:
+    """One TTFT row: medians of the vanilla runs (ms) and of the SpecPrefill runs' parts, and the ceiling."""
+    med = {k: statistics.median(s[k] for s in sp) for k in sp[0]}
+    v = statistics.median(vanilla)
+    ceiling = v / (med["score"] + med["prefill"])
+    speedup = v / med["total"]
+    return {
+        "n": n,
+        "kept": int(med["kept"]),
+        "vanilla_ttft_ms": round(v, 1),
+        "specprefill_ttft_ms": round(med["total"], 1),
+        "draft_score_ms": round(med["score"], 1),
+        "select_ms": round(med["select"], 2),
+        "compressed_prefill_ms": round(med["prefill"], 1),
+        "speedup": round(speedup, 2),
+        "ceiling": round(ceiling, 2),
+        "share_of_ceiling": round(speedup / ceiling, 3),
+        "reps": len(vanilla),
+        "vanilla_all_ms": [round(x, 1) for x in vanilla],
+        "specprefill_all_ms": [round(s["total"], 1) for s in sp],
+    }
 
 
 def steady_rate(first_token_s: list[float]) -> float | None:

@@ -41,7 +41,6 @@ import argparse  # noqa: E402
 import gc  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -315,24 +314,8 @@ def stage_speed(tokenizer_dir: Path, n: int, reps: int, budget_s: float) -> dict
             break
         vanilla.append(vanilla_ms())
         sp.append(specprefill_ms())
-    med = {k: statistics.median(s[k] for s in sp) for k in sp[0]}
-    v = statistics.median(vanilla)
-    ceiling = v / (med["score"] + med["prefill"])
-    speedup = v / med["total"]
     row = {
-        "n": n,
-        "kept": int(med["kept"]),
-        "vanilla_ttft_ms": round(v, 1),
-        "specprefill_ttft_ms": round(med["total"], 1),
-        "draft_score_ms": round(med["score"], 1),
-        "select_ms": round(med["select"], 2),
-        "compressed_prefill_ms": round(med["prefill"], 1),
-        "speedup": round(speedup, 2),
-        "ceiling": round(ceiling, 2),
-        "share_of_ceiling": round(speedup / ceiling, 3),
-        "reps": len(vanilla),
-        "vanilla_all_ms": [round(x, 1) for x in vanilla],
-        "specprefill_all_ms": [round(s["total"], 1) for s in sp],
+        **base.ttft_row(n, vanilla, sp),
         "compressed_prefill_all_ms": [round(s["prefill"], 1) for s in sp],
     }
     logger.info("TTFT %s", row)

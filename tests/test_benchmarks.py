@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -59,15 +60,34 @@ def test_host_overhead_benchmark_reports_each_difference(tmp_path):
     assert result["layers"] == {"target": 32, "draft": 16} and result["kept"] < 48
 
 
-def test_the_steady_rate_of_a_burst_ignores_where_the_deadline_falls():
+def _vllm_gpu() -> Any:
+    """benchmarks/vllm_gpu.py as a module (its pure helpers need no vLLM)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("vllm_gpu", ROOT / "benchmarks" / "vllm_gpu.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_steady_rate_of_a_burst_ignores_where_the_deadline_falls():
+    module = _vllm_gpu()
     # the first tokens of the H200 run in benchmarks/results/vllm_gpu.json
     vanilla = [1.49, 2.68, 3.87, 5.07]
     assert abs(module.steady_rate(vanilla) - 3 / 3.58) < 1e-9
     assert abs(module.steady_rate([*vanilla[:3], 4.76]) - 3 / 3.27) < 1e-9
     assert module.steady_rate([1.0]) is None and module.steady_rate([]) is None
+
+
+def test_a_ttft_row_takes_medians_and_the_ceiling_of_the_same_runs():
+    module = _vllm_gpu()
+    parts = [
+        {"score": 30.0, "select": 1.0, "prefill": 10.0, "total": 42.0, "kept": 100},
+        {"score": 32.0, "select": 2.0, "prefill": 12.0, "total": 47.0, "kept": 100},
+        {"score": 31.0, "select": 1.5, "prefill": 9.0, "total": 41.0, "kept": 100},
+    ]
+    row = module.ttft_row(4096, [120.0, 130.0, 125.0], parts)
+    assert (row["vanilla_ttft_ms"], row["specprefill_ttft_ms"], row["draft_score_ms"]) == (125.0, 42.0, 31.0)
+    assert row["ceiling"] == round(125 / (31 + 10), 2) and row["speedup"] == round(125 / 42, 2)
+    assert row["share_of_ceiling"] == round((125 / 42) / (125 / 41), 3) and row["reps"] == 3 and row["kept"] == 100
