@@ -41,9 +41,11 @@ __all__ = [
     "LoadedModel",
     "cache_argument",
     "cache_dir",
+    "forward_parameters",
     "load_model",
     "resolve_dtype",
     "resolve_model_path",
+    "text_config",
 ]
 
 logger = logging.getLogger(__name__)
@@ -135,6 +137,11 @@ def cache_dir() -> Path:
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "specprefill"
     )
     return Path(root)
+
+
+def text_config(config: Any) -> Any:
+    """The language model's part of ``config`` (multimodal configs nest it; others are it)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
 
 
 def cache_argument(model: Any) -> str:
@@ -340,9 +347,7 @@ class LoadedModel:
 
     @property
     def max_context(self) -> int:
-        cfg = self.model.config
-        text_cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-        return int(getattr(text_cfg, "max_position_embeddings", 0) or 2048)
+        return int(getattr(text_config(self.model.config), "max_position_embeddings", 0) or 2048)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

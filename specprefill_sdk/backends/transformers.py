@@ -29,7 +29,7 @@ import torch
 from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
-from ..models import LoadedModel, cache_argument, forward_parameters, load_model
+from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
 from ..types import Completion, CompletionChunk, CompressedPrompt, FinishReason, SamplingParams, Timings, Usage
 from ._detok import TextAssembler
 from ._sampling import TokenSampler
@@ -226,7 +226,7 @@ class TransformersBackend(BackendBase):
 
     @staticmethod
     def _layer_kinds(config: Any) -> tuple[tuple[str, ...], int | None]:
-        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+        cfg = text_config(config)
         window = getattr(cfg, "sliding_window", None)
         types = getattr(cfg, "layer_types", None)
         if types is None:

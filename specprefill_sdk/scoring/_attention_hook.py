@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
+from ..models import text_config
 
 __all__ = ["DraftStopped", "LayerStop", "QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
 
@@ -66,8 +67,7 @@ def skipped_layers(config: Any) -> frozenset[int]:
     favour recent tokens for no reason but its window. When every layer is windowed (e.g. Mistral),
     all layers count and each one's attention is restricted to its own window, as the draft computes it.
     """
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    layer_types = getattr(text_config, "layer_types", None)
+    layer_types = getattr(text_config(config), "layer_types", None)
     if not layer_types or "full_attention" not in layer_types:
         return frozenset()
     return frozenset(i for i, kind in enumerate(layer_types) if kind != "full_attention")

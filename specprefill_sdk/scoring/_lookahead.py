@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from .._norms import fused_norms
-from ..models import cache_argument, forward_parameters
+from ..models import cache_argument, forward_parameters, text_config
 from ._attention_hook import DraftStopped, QueryRecorder
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
@@ -42,7 +42,7 @@ _ROUND = 1024
 
 def supports_static_look_ahead(model: Any) -> bool:
     """True when every attention layer of ``model`` attends globally and without a logit soft-cap."""
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    config = text_config(model.config)
     types = getattr(config, "layer_types", None)
     if types is not None and any(t != "full_attention" for t in types):
         return False
@@ -93,7 +93,7 @@ class StaticLookAhead:
         self.batch, self.capacity, self.steps = batch, capacity, steps
         device = next(model.parameters()).device
         dtype = model.dtype
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        config = text_config(model.config)
         depth = int(config.num_hidden_layers)
         if layers is not None and not (1 <= layers <= depth and (layers == depth or steps == 0)):
             raise ValueError(f"layers={layers} needs 1 <= layers <= {depth}, and no decode steps below {depth}")

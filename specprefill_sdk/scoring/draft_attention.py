@@ -29,7 +29,7 @@ import torch
 
 from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
-from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model
+from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
@@ -211,8 +211,7 @@ class DraftAttentionScorer:
     @property
     def depth(self) -> int:
         """The draft's number of decoder layers."""
-        config = self.loaded.model.config
-        return int((config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers)
+        return int(text_config(self.loaded.model.config).num_hidden_layers)
 
     @property
     def model_name(self) -> str:
