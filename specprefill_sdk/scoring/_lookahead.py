@@ -32,6 +32,7 @@ import torch
 from .._norms import fused_norms
 from ..models import cache_argument, forward_parameters, text_config
 from ._attention_hook import DraftStopped, QueryRecorder
+from ._lean import LeanDraft
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 
@@ -86,8 +87,11 @@ class StaticLookAhead:
         cuda_graph: bool,
         fused_norms: bool = False,
         layers: int | None = None,
+        lean: LeanDraft | None = None,
     ) -> None:
         self.model = model
+        #: the draft's passes computed from its weights (`LeanDraft`), or None: transformers' forward
+        self.lean = lean
         #: run the norms `install_fused_norms` converted as fused kernels in the prefill and the steps
         self.fused_norms = fused_norms
         self.batch, self.capacity, self.steps = batch, capacity, steps
@@ -121,7 +125,8 @@ class StaticLookAhead:
         self.slot = torch.zeros(1, dtype=torch.long, device=device)
         self.index = torch.zeros(1, dtype=torch.long, device=device)
         self.tokens = torch.zeros(batch, 1 + steps, dtype=torch.long, device=device)  # column j: step j's output
-        self.recorder = QueryRecorder(dict(enumerate(self.query_stack.unbind(0))), self.index)
+        self.query_list = list(self.query_stack.unbind(0))
+        self.recorder = QueryRecorder(dict(enumerate(self.query_list)), self.index)
         self.cache = _StaticCache(self.keys, self.values, self.slot)
         self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1, cache_argument(model): self.cache}
         if "cache_position" in forward_parameters(model.__class__):
@@ -151,6 +156,14 @@ class StaticLookAhead:
         """
         width = input_ids.shape[1]
         self.written = set()
+        if self.lean is not None and attention_mask is None and position_ids is None:
+            count = len(self.keys) if self.stop_after is None else self.stop_after + 1
+            with torch.inference_mode():
+                first = self.lean.prefill(
+                    input_ids, self.keys, self.values, self.query_list, self.recorder.scaling, self.stop_after
+                )
+            self.written = set(range(count))
+            return first
 
         def sink(layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
             self.written.add(layer)
@@ -183,8 +196,21 @@ class StaticLookAhead:
 
     def _step(self) -> None:
         self.mask.index_fill_(3, self.slot, 0.0)
-        out = self.model(input_ids=self.token, position_ids=self.position, attention_mask=self.mask, **self._kwargs)
-        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        if self.lean is not None:
+            nxt = self.lean.step(
+                self.token,
+                self.position,
+                self.slot,
+                self.index,
+                self.mask,
+                self.keys,
+                self.values,
+                self.query_list,
+                QueryRecorder.attend,
+            )
+        else:
+            out = self.model(input_ids=self.token, position_ids=self.position, attention_mask=self.mask, **self._kwargs)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         self.tokens.index_copy_(1, self.index, nxt)
         self.token.copy_(nxt)
         self.position.add_(1)

@@ -33,6 +33,7 @@ from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, tex
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
+from ._lean import LeanDraft
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
 
 __all__ = ["DraftAttentionScorer"]
@@ -149,6 +150,15 @@ class DraftAttentionScorer:
             head runs), so scoring costs about ``layers / depth`` of a full draft prefill. Needs
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
+        lean: for Llama-style drafts of the fixed-buffer kind (Llama, Qwen2, Mistral, SmolLM2), run
+            the prefill of a prompt without padding and every look-ahead step as plain functions of
+            the draft's weights instead of through transformers' modules: the same operations in the
+            same order (on CPU, the same numbers), written straight into the scoring buffers, with
+            far less Python per layer. Other drafts, and padded batches' prefills, run transformers' forward.
+        compile: with ``lean`` on a CUDA device, fuse each look-ahead step's element-wise work (norms,
+            rotary embedding, activation, residuals) with `torch.compile`, so that a step of a small
+            draft issues about half as many kernels. The first scoring call compiles (once per
+            process; tens of seconds). Sums may round differently, as between two attention kernels.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
@@ -180,8 +190,12 @@ class DraftAttentionScorer:
         attention_backends: Sequence[str] | None = DEFAULT_ATTENTION_BACKENDS,
         fused_norms: bool = True,
         layers: int | None = None,
+        lean: bool = True,
+        compile: bool = False,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
+        self.lean = bool(lean)
+        self.compile = bool(compile)
         self.cuda_graph = bool(cuda_graph)
         self.attention_backends = _attention_backends(attention_backends)
         self.fused_norms = bool(fused_norms)
@@ -201,6 +215,10 @@ class DraftAttentionScorer:
         self._static = supports_static_look_ahead(model)
         if self._static and self.fused_norms:
             install_fused_norms(model)
+        compiled = self.compile and self.loaded.device.type == "cuda"
+        self._lean = (
+            LeanDraft.build(model, fused=self.fused_norms, compiled=compiled) if self._static and self.lean else None
+        )
         self._runner: StaticLookAhead | None = None
         self._runner_lock = threading.Lock()
         self.target_tokenizer = target_tokenizer
@@ -265,6 +283,8 @@ class DraftAttentionScorer:
             cuda_graph=self.cuda_graph,
             attention_backends=self.attention_backends,
             fused_norms=self.fused_norms,
+            lean=self.lean,
+            compile=self.compile,
         )
 
     def release(self) -> None:
@@ -442,7 +462,14 @@ class DraftAttentionScorer:
             self._runner = None  # free the old buffers before allocating new ones
         capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
         runner = StaticLookAhead(
-            self.loaded.model, size, capacity, steps, cuda_graph=keep, fused_norms=self.fused_norms, layers=self.layers
+            self.loaded.model,
+            size,
+            capacity,
+            steps,
+            cuda_graph=keep,
+            fused_norms=self.fused_norms,
+            layers=self.layers,
+            lean=self._lean,
         )
         if keep:
             self._runner = runner

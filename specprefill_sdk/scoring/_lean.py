@@ -1,0 +1,345 @@
+"""The draft's forward passes for `StaticLookAhead`, written directly against a Llama-style model's weights.
+
+transformers' decoder layer is a stack of modules, each a Python call and a handful of kernels. In a
+look-ahead decode step of a small draft on a GPU, each of those kernels costs its launch latency and
+little else (the step runs at a few percent of the memory bandwidth it could use), so the step's cost
+is its kernel count. `LeanDraft` computes the same layers as plain functions of their weights:
+
+- eagerly, with the same operations in the same order as transformers' Llama, Qwen2 and Mistral
+  layers (the same numbers, bit for bit, on CPU), minus the modules, hooks and the cache protocol;
+- or, with ``compiled=True`` (CUDA only), with each layer's element-wise chains (norm, rotary
+  embedding, the gated activation, the residual additions) fused by `torch.compile` into a few
+  kernels. The matrix products and the attention stay what they were; sums of products may round
+  differently (in float32 inside a fused kernel), as within any two attention kernels.
+
+Keys, values and queries go straight into the fixed buffers (no hook, no copy of a whole layer's
+keys into a cache object). Only models whose every layer is of the supported kind are accepted
+(`LeanDraft.build` returns None otherwise, and the scorer runs transformers' own forward).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ..models import text_config
+
+__all__ = ["LeanDraft"]
+
+logger = logging.getLogger(__name__)
+
+#: ``config.model_type`` values whose decoder layers `LeanDraft` computes
+_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+_compile_lock = threading.Lock()
+
+
+class _Layer(NamedTuple):
+    attention: Any  # the attention module (handed to the attention function, as transformers does)
+    norm_in: torch.Tensor
+    eps_in: float
+    wq: torch.Tensor
+    bq: torch.Tensor | None
+    wk: torch.Tensor
+    bk: torch.Tensor | None
+    wv: torch.Tensor
+    bv: torch.Tensor | None
+    wo: torch.Tensor
+    bo: torch.Tensor | None
+    norm_post: torch.Tensor
+    eps_post: float
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+    scaling: float
+
+
+def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
+    """Llama's RMSNorm: fused (`specprefill_sdk._norms`) or as transformers writes it."""
+    if fused:
+        return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+    dtype = x.dtype
+    h = x.to(torch.float32)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def attention_inputs(
+    h: torch.Tensor,
+    norm: torch.Tensor,
+    eps: float,
+    wq: torch.Tensor,
+    bq: torch.Tensor | None,
+    wk: torch.Tensor,
+    bk: torch.Tensor | None,
+    wv: torch.Tensor,
+    bv: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    head_dim: int,
+    fused: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One layer's post-RoPE queries and keys and its values (``[B, heads, S, d]``) from its input ``h``."""
+    x = _norm(h, norm, eps, fused)
+    shape = (*x.shape[:-1], -1, head_dim)
+    q = F.linear(x, wq, bq).view(shape).transpose(1, 2)
+    k = F.linear(x, wk, bk).view(shape).transpose(1, 2)
+    v = F.linear(x, wv, bv).view(shape).transpose(1, 2)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    q = (q * cos) + (_rotate_half(q) * sin)
+    k = (k * cos) + (_rotate_half(k) * sin)
+    return q, k, v
+
+
+def layer_output(
+    h: torch.Tensor,
+    attended: torch.Tensor,
+    wo: torch.Tensor,
+    bo: torch.Tensor | None,
+    norm: torch.Tensor,
+    eps: float,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    w_down: torch.Tensor,
+    fused: bool,
+) -> torch.Tensor:
+    """The layer's output from its input ``h`` and the attention's output (``[B, S, heads * d]``)."""
+    h = h + F.linear(attended, wo, bo)
+    x = _norm(h, norm, eps, fused)
+    return h + F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
+
+
+@functools.cache
+def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled for fixed shapes (one decode token), once per process."""
+    return torch.compile(fn, fullgraph=True, dynamic=False)
+
+
+@functools.cache
+def _compiled_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` compiled for any number of tokens (a prefill), once per process."""
+    return torch.compile(fn, fullgraph=True, dynamic=True)
+
+
+def _reason(model: Any) -> str | None:
+    """Why `LeanDraft` cannot compute ``model``'s layers (None: it can)."""
+    config = text_config(model.config)
+    if getattr(config, "model_type", None) not in _MODEL_TYPES:
+        return f"model type {getattr(config, 'model_type', None)!r} is not one of {sorted(_MODEL_TYPES)}"
+    if getattr(config, "hidden_act", "silu") != "silu" or int(getattr(config, "pretraining_tp", 1) or 1) != 1:
+        return "activation or tensor-parallel layout differs from Llama's"
+    base = getattr(model, "model", None)
+    if base is None or not all(hasattr(base, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return "no decoder with embed_tokens, layers, norm and rotary_emb"
+    if not isinstance(getattr(model, "lm_head", None), torch.nn.Linear):
+        return "no linear lm_head"
+    norms = [base.norm] + [m for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
+    if not all(isinstance(getattr(m, "variance_epsilon", None), float) for m in norms):
+        return "a norm without variance_epsilon"
+    from .._norms import _fused_class
+
+    for m in norms:
+        cls = type(m) if not getattr(type(m), "_specprefill_fused", False) else type(m).__mro__[1]
+        if _fused_class(cls) is None:
+            return f"{cls.__name__} computes something other than Llama's RMSNorm"
+    for layer in base.layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projections = ("q_proj", "k_proj", "v_proj", "o_proj")
+        if not all(isinstance(getattr(attn, p, None), torch.nn.Linear) for p in projections):
+            return "an attention layer without q/k/v/o projections"
+        if any(hasattr(attn, extra) for extra in ("q_norm", "k_norm")):
+            return "an attention layer that normalises its queries or keys"
+        linear = ("gate_proj", "up_proj", "down_proj")
+        if not all(isinstance(getattr(mlp, p, None), torch.nn.Linear) and getattr(mlp, p).bias is None for p in linear):
+            return "an MLP other than a bias-free gated SiLU"
+        if not isinstance(getattr(attn, "scaling", None), float):
+            return "an attention layer without a scaling"
+    return None
+
+
+def _attention_function(model: Any, attention: Any) -> Callable[..., Any]:
+    """The attention function transformers would call for a pass without the scoring hook."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from ._attention_hook import base_implementation
+
+    base = base_implementation(model)
+    if base == "eager":
+        fn = getattr(sys.modules.get(type(attention).__module__), "eager_attention_forward", None)
+        if fn is None:
+            raise ValueError(f"{type(attention).__name__} has no eager_attention_forward")
+        return fn
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+class LeanDraft:
+    """A Llama-style draft's forward passes over `StaticLookAhead`'s buffers, from its weights.
+
+    Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
+    (`specprefill_sdk._norms`); ``compiled`` fuses each decode step's element-wise work with
+    `torch.compile` (CUDA only; the first step compiles, once per process and shape).
+    """
+
+    def __init__(self, model: Any, *, fused: bool, compiled: bool) -> None:
+        base = model.model
+        config = text_config(model.config)
+        self.model, self.base = model, base
+        self.fused = fused
+        self.compiled = compiled
+        self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        self.layers: list[_Layer] = []
+        for layer in base.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            self.layers.append(
+                _Layer(
+                    attention=attn,
+                    norm_in=layer.input_layernorm.weight,
+                    eps_in=float(layer.input_layernorm.variance_epsilon),
+                    wq=attn.q_proj.weight,
+                    bq=attn.q_proj.bias,
+                    wk=attn.k_proj.weight,
+                    bk=attn.k_proj.bias,
+                    wv=attn.v_proj.weight,
+                    bv=attn.v_proj.bias,
+                    wo=attn.o_proj.weight,
+                    bo=attn.o_proj.bias,
+                    norm_post=layer.post_attention_layernorm.weight,
+                    eps_post=float(layer.post_attention_layernorm.variance_epsilon),
+                    w_gate=mlp.gate_proj.weight,
+                    w_up=mlp.up_proj.weight,
+                    w_down=mlp.down_proj.weight,
+                    scaling=float(attn.scaling),
+                )
+            )
+        self.attend_prompt = _attention_function(model, self.layers[0].attention)
+
+    @classmethod
+    def build(cls, model: Any, *, fused: bool, compiled: bool) -> LeanDraft | None:
+        """A `LeanDraft` for ``model``, or None (logged) when its layers are not of the supported kind."""
+        reason = _reason(model)
+        if reason is not None:
+            logger.debug("the draft's layers run as transformers' modules: %s", reason)
+            return None
+        return cls(model, fused=fused, compiled=compiled)
+
+    def _inputs(self, step: bool) -> Callable[..., Any]:
+        if step and self.compiled:
+            with _compile_lock:
+                return _compiled(attention_inputs)
+        return attention_inputs
+
+    def _outputs(self, step: bool) -> Callable[..., Any]:
+        if step and self.compiled:
+            with _compile_lock:
+                return _compiled(layer_output)
+        return layer_output
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        store: Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], bool],
+    ) -> torch.Tensor | None:
+        """Run a batch of token rows (``[B, S]``, attending causally, no padding) through the layers.
+
+        ``positions`` (``[B, S]``) are the tokens' position ids. After layer ``l`` computes its
+        post-RoPE queries and keys and its values (``[B, heads, S, d]``), ``store(l, q, k, v)`` is
+        called; when it returns True the pass ends there (result None). Otherwise the result is the
+        last position's logits (``[B, vocab]``).
+        """
+        batch, width = input_ids.shape
+        compiled = self.compiled and input_ids.device.type == "cuda"
+        inputs = _compiled_dynamic(attention_inputs) if compiled else attention_inputs
+        outputs = _compiled_dynamic(layer_output) if compiled else layer_output
+        h = self.base.embed_tokens(input_ids)
+        cos, sin = self.base.rotary_emb(h, positions)
+        for i, p in enumerate(self.layers):
+            q, k, v = inputs(
+                h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, self.head_dim, self.fused
+            )
+            if store(i, q, k, v):
+                return None
+            attended, _ = self.attend_prompt(p.attention, q, k, v, None, dropout=0.0, scaling=p.scaling)
+            attended = attended.reshape(batch, width, -1).contiguous()
+            if i == len(self.layers) - 1:  # only the last position feeds the next token
+                h, attended = h[:, -1:], attended[:, -1:]
+            h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)
+        norm = self.base.norm
+        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
+        return logits[:, -1]
+
+    def prefill(
+        self,
+        input_ids: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        queries: list[torch.Tensor],
+        scalings: dict[int, float],
+        stop_after: int | None,
+    ) -> torch.Tensor | None:
+        """Run an unpadded prompt batch (``[B, S]``) through the layers, filling the scoring buffers.
+
+        Layer ``l``'s keys (and values, when ``values`` is not empty) go to slots ``[0, S)`` of
+        ``keys[l]``, its last query to query 0 of ``queries[l]``. With ``stop_after`` set, the pass
+        ends once that layer's keys and query are stored (result None); else it returns the next
+        tokens (``[B]``).
+        """
+        batch, width = input_ids.shape
+
+        def store(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+            keys[i][:, :, :width].copy_(k)
+            if values:
+                values[i][:, :, :width].copy_(v)
+            queries[i][:, :, 0].copy_(q[:, :, -1])
+            scalings[i] = self.layers[i].scaling
+            return i == stop_after
+
+        positions = torch.arange(width, device=input_ids.device)[None, :].expand(batch, width)
+        logits = self.forward(input_ids, positions, store)
+        return None if logits is None else logits.argmax(-1)
+
+    def step(
+        self,
+        token: torch.Tensor,
+        position: torch.Tensor,
+        slot: torch.Tensor,
+        index: torch.Tensor,
+        mask: torch.Tensor,
+        keys: list[torch.Tensor],
+        values: list[torch.Tensor],
+        queries: list[torch.Tensor],
+        attend: Callable[..., torch.Tensor],
+    ) -> torch.Tensor:
+        """One decode step of ``token`` (``[B, 1]``) at ``position``; return the next tokens (``[B, 1]``).
+
+        Its keys and values go to cache slot ``slot`` of every layer, its queries to query ``index``
+        of ``queries``; ``attend(query, keys, values, mask, scaling)`` is the one-query attention.
+        Every input is a device tensor, so the step can be captured as a CUDA graph and replayed.
+        """
+        batch = token.shape[0]
+        inputs, outputs = self._inputs(True), self._outputs(True)
+        h = self.base.embed_tokens(token)
+        cos, sin = self.base.rotary_emb(h, position)
+        for i, p in enumerate(self.layers):
+            q, k, v = inputs(
+                h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, self.head_dim, self.fused
+            )
+            keys[i].index_copy_(2, slot, k)
+            values[i].index_copy_(2, slot, v)
+            queries[i].index_copy_(2, index, q)
+            attended = attend(q, keys[i], values[i], mask, p.scaling).reshape(batch, 1, -1)
+            h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)
+        norm = self.base.norm
+        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
+        return logits[:, -1].argmax(-1, keepdim=True)
