@@ -2,8 +2,10 @@
 
 For each draft architecture (random weights), one prompt of random ids, look-ahead 8, scored by:
 
-- ``graph``: `DraftAttentionScorer` as shipped (fixed buffers, CUDA graph, fused RMSNorm);
-- ``eager``: the same without the CUDA graph;
+- ``graph``: `DraftAttentionScorer` as shipped (fixed buffers, CUDA graph, fused RMSNorm, lean passes);
+- ``compiled``: the same with ``compile=True`` (element-wise work fused by `torch.compile`, CUDA only);
+- ``modules``: the CUDA graph with the passes run through transformers' modules (``lean=False``);
+- ``eager``: the shipped path without the CUDA graph;
 - ``unfused``: the CUDA graph with transformers' own RMSNorm (``fused_norms=False``);
 - ``stepwise``: step-by-step decoding over a growing cache (the path of windowed drafts);
 - ``early``: look-ahead 1 with the draft's first half of its layers only (``layers=depth // 2``: the
@@ -75,17 +77,20 @@ def compare(loaded: Any, tokenizer: Any, n: int) -> dict[str, Any]:
     unfused = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, fused_norms=False)
     stepwise = graph.with_options()
     stepwise._static = False
+    compiled = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, compile=True)
+    modules = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, lean=False)
     expected, continuation = reference_draft_attention_scores(loaded, ids, look_ahead=LOOK_AHEAD)
     peak = float(expected.abs().max())
     row: dict[str, Any] = {"n": n, "dtype": str(loaded.dtype).removeprefix("torch."), "reference_peak": peak}
-    for name, scorer in (("graph", graph), ("eager", eager), ("unfused", unfused), ("stepwise", stepwise)):
+    paths = {"graph": graph, "compiled": compiled, "modules": modules, "eager": eager}
+    for name, scorer in {**paths, "unfused": unfused, "stepwise": stepwise}.items():
         got = scorer.score(prompt)
         row[name] = {
             "rel": float((got.values - expected).abs().max()) / peak,
             "same_tokens": list(got.info["look_ahead_token_ids"]) == continuation[: LOOK_AHEAD - 1],
         }
-    graph.release()
-    unfused.release()
+    for scorer in (graph, compiled, modules, unfused):
+        scorer.release()
     half = graph.depth // 2
     early = DraftAttentionScorer(loaded, look_ahead=1, layers=half, target_tokenizer=tokenizer).score(prompt)
     early_expected, _ = reference_draft_attention_scores(loaded, ids, look_ahead=1, layers=half)
@@ -104,12 +109,12 @@ def markdown(result: dict[str, Any]) -> str:
         "Each cell: largest score difference / largest reference score; `=` when the look-ahead tokens "
         "equal the reference's, `≠` when not.",
         "",
-        "| draft | dtype | n | graph (shipped) | eager | unfused norms | stepwise | first half of the layers, "
-        "look-ahead 1 | smallest top-2 logit margin |",
-        "|---|---|---:|---|---|---|---|---|---:|",
+        "| draft | dtype | n | graph (shipped) | compiled | modules | eager | unfused norms | stepwise "
+        "| first half of the layers, look-ahead 1 | smallest top-2 logit margin |",
+        "|---|---|---:|---|---|---|---|---|---|---|---:|",
     ]
     for r in result["rows"]:
-        paths = ("graph", "eager", "unfused", "stepwise", "early")
+        paths = ("graph", "compiled", "modules", "eager", "unfused", "stepwise", "early")
         cells = " | ".join(
             f"{r[k]['rel']:.1e}" + ("" if "same_tokens" not in r[k] else " =" if r[k]["same_tokens"] else " ≠")
             for k in paths

@@ -1,4 +1,4 @@
-"""The draft's scoring passes three ways: transformers' modules, `LeanDraft` eagerly, `LeanDraft` compiled.
+"""The draft's scoring passes three ways: transformers' modules, `LeanModel` eagerly, `LeanModel` compiled.
 
 For each draft of ``ttft_gpu.py`` (random weights, bf16) and each length: the scorer's time at
 look-ahead 1 and 8, the fixed-buffer path's phases (prefill, decode steps, reduction), the time the
@@ -42,7 +42,7 @@ def kept_rows(name: str, target: Any, n: int, rates: list[float], bench: Any) ->
     """A target's prefill of the tokens a keep rate leaves of ``n``, at their positions: plain, lean, compiled."""
     from transformers import DynamicCache
 
-    from specprefill_sdk.scoring._lean import LeanDraft
+    from specprefill_sdk._lean import LeanModel
 
     rows = []
     gen = torch.Generator().manual_seed(7)
@@ -54,7 +54,7 @@ def kept_rows(name: str, target: Any, n: int, rates: list[float], bench: Any) ->
         row: dict[str, Any] = {"target": name, "n": n, "keep": rate, "k": k}
         row["plain_ms"] = bench.median(partial(plain_forward, target, ids, positions))[0]
         for variant, compiled in (("lean", False), ("compiled", True)):
-            lean = LeanDraft.build(model, fused=True, compiled=compiled)
+            lean = LeanModel.build(model, fused=True, compiled=compiled)
             assert lean is not None
 
             @torch.inference_mode()

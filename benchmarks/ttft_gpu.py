@@ -312,9 +312,11 @@ def bench_pair(
     sink: Callable[[dict[str, Any]], None],
 ) -> None:
     """Every length of one target/draft pair; each finished length goes to ``sink``."""
-    backend = TransformersBackend(target)
+    backend = TransformersBackend(target, compile=args.compile)
     scorers = {
-        la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer)
+        la: DraftAttentionScorer(
+            draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer, compile=args.compile
+        )
         for la in args.look_aheads
     }
     check_n = min(args.lengths)
@@ -638,6 +640,8 @@ def markdown(result: dict[str, Any]) -> str:
         "- full = plain HF forward of the prompt + first token; e2e = Pipeline(DraftAttentionScorer, "
         "Protect(Chunked(KeepRate(r), 32)), TransformersBackend).generate(max_tokens=1); direct = score + select + "
         "plain forward of the kept tokens at their positions; ceiling = full / (plain draft prefill + kept prefill)",
+        "- scorer and backend: lean passes for Llama-style models (the default), "
+        f"compile={result.get('compile', False)}",
     ]
     if any(row.get("cells") for row in result["rows"]):
         lines += [
@@ -784,6 +788,11 @@ def main() -> int:
         action="store_true",
         help="only profile look-ahead scoring on the drafts (plain decode steps vs scored ones)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="scorer and backend with compile=True (element-wise work fused by torch.compile; CUDA only)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--name", default="ttft_gpu_h200")
@@ -791,7 +800,7 @@ def main() -> int:
     if args.tiny:
         args.lengths = [n for n in args.lengths if n <= 1024] or [256, 512]
     device, bench, out, result = start_run("ttft_gpu", args, args.budget_s)
-    result.update(repeats=args.repeats, tiny=args.tiny, configs={}, rows=[])
+    result.update(repeats=args.repeats, tiny=args.tiny, compile=args.compile, configs={}, rows=[])
 
     def sink(row: dict[str, Any]) -> None:
         result["rows"].append(row)

@@ -147,31 +147,42 @@ def test_keep_all_greedy_text_equals_hf_generate_bf16(backend16, smollm, questio
 
 
 # ----------------------------------------------------------------------------- sparse prefill positions
-def test_sparse_prefill_uses_original_positions_then_decodes_from_n(backend32, smollm_fp32, long_prompt) -> None:
+@pytest.mark.parametrize("lean", [True, False])
+def test_sparse_prefill_uses_original_positions_then_decodes_from_n(smollm_fp32, long_prompt, lean) -> None:
+    backend = TransformersBackend(smollm_fp32, lean=lean)
+    assert (backend._lean is not None) == lean
     compressed = sparse(long_prompt)
     assert compressed.kept < long_prompt.n
-    seen: list[tuple[list[int], tuple[int, ...] | None]] = []
+    positions: list[list[int]] = []
+    masks: list[tuple[int, ...] | None] = []
 
-    def hook(module, args, kwargs):
+    def rotary(module, args, kwargs):  # every pass, lean or not, asks the rotary embedding for its positions
+        positions.append(kwargs["position_ids"][0].tolist())
+
+    def forward(module, args, kwargs):
         mask = kwargs.get("attention_mask")
-        seen.append((kwargs["position_ids"][0].tolist(), None if mask is None else tuple(mask.shape)))
+        masks.append(None if mask is None else tuple(mask.shape))
 
-    handle = smollm_fp32.model.model.register_forward_pre_hook(hook, with_kwargs=True)
+    base = smollm_fp32.model.model
+    handles = [
+        base.rotary_emb.register_forward_pre_hook(rotary, with_kwargs=True),
+        base.register_forward_pre_hook(forward, with_kwargs=True),
+    ]
     try:
-        completion = backend32.generate(compressed, SamplingParams(max_tokens=5))
+        completion = backend.generate(compressed, SamplingParams(max_tokens=5))
     finally:
-        handle.remove()
+        for handle in handles:
+            handle.remove()
     assert completion.finish_reason == "length" and len(completion.token_ids) == 5
     assert completion.usage.prompt_tokens == long_prompt.n
     assert completion.usage.kept_tokens == compressed.kept
     assert completion.usage.completion_tokens == 5
-    prefill_positions, prefill_mask = seen[0]
-    assert prefill_positions == list(compressed.position_ids)
-    # One row in position order: the model's own causal mask is the position mask, so none is passed.
-    assert prefill_mask is None
+    assert positions[0] == list(compressed.position_ids)
     n = long_prompt.n
-    assert [p for p, _ in seen[1:]] == [[n], [n + 1], [n + 2], [n + 3]]  # not kept, kept + 1, ...
-    assert [m for _, m in seen[1:]] == [None] * 4
+    assert positions[1:] == [[n], [n + 1], [n + 2], [n + 3]]  # not kept, kept + 1, ...
+    # One row in position order: the model's own causal mask is the position mask, so none is passed
+    # (the lean prefill does not go through the model's forward at all; the decode steps do).
+    assert masks == [None] * (4 if lean else 5)
 
 
 def test_out_of_order_fill_gets_an_explicit_position_mask(backend32, smollm_fp32, long_prompt) -> None:

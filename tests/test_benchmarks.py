@@ -47,10 +47,21 @@ def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
     fp32 = [r for r in result["rows"] if r["dtype"] == "float32"]
     assert {r["draft"] for r in fp32} == {"llama-3.2-1b", "qwen2.5-0.5b"}
     for row in fp32:
-        for path in ("graph", "eager", "unfused", "stepwise"):
+        for path in ("graph", "compiled", "modules", "eager", "unfused", "stepwise"):
             assert row[path]["same_tokens"] and row[path]["rel"] < 1e-4, (row["draft"], path, row[path])
         assert row["early"]["rel"] < 1e-4 and row["early"]["layers"] >= 1, row["early"]
     assert "smallest top-2 logit margin" in (tmp_path / "exactness_gpu_h200.md").read_text()
+
+
+def test_lean_check_mode_compares_the_three_ways_of_running_the_passes(tmp_path):
+    _run("lean_gpu.py", "--tiny", "--repeats", "1", "--targets", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "lean_gpu_h200.json").read_text())
+    assert {(r["draft"], r["variant"]) for r in result["rows"]} == {
+        (d, v) for d in ("llama-3.2-1b", "qwen2.5-0.5b") for v in ("modules", "lean", "compiled")
+    }
+    assert all(r["vs_modules"]["max_abs_diff"] == 0.0 for r in result["rows"] if "vs_modules" in r)  # CPU: bitwise
+    assert {(r["target"], r["keep"]) for r in result["kept"]} >= {("llama-3.1-8b", 0.1), ("qwen2.5-32b", 0.3)}
+    assert "## The targets' kept prefill" in (tmp_path / "lean_gpu_h200.md").read_text()
 
 
 def test_host_overhead_benchmark_reports_each_difference(tmp_path):

@@ -120,12 +120,15 @@ def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monk
 
     monkeypatch.setattr(norms, "_fused", counting)
     prompt = CompressedPrompt.dense(Prompt.from_token_ids(smollm.tokenizer(essay[:800])["input_ids"]))
-    fused = TransformersBackend(smollm).prefill(prompt)
+    fused = TransformersBackend(smollm, lean=False).prefill(prompt)  # through the model's modules
     per_pass = 2 * smollm.model.config.num_hidden_layers + 1
     assert len(calls) == per_pass
-    plain = TransformersBackend(smollm, fused_norms=False).prefill(prompt)
+    plain = TransformersBackend(smollm, fused_norms=False, lean=False).prefill(prompt)
     assert len(calls) == per_pass  # the other backend's passes ran transformers' norms
     torch.testing.assert_close(fused.logits, plain.logits, rtol=0, atol=0)  # bf16 on CPU: bitwise
+    for norm in (True, False):  # the lean prefill computes the same norms without the modules
+        lean = TransformersBackend(smollm, fused_norms=norm).prefill(prompt)
+        torch.testing.assert_close(lean.logits, fused.logits, rtol=0, atol=0)
     with torch.inference_mode():
         smollm.model(input_ids=torch.tensor([prompt.token_ids[:16]]))
     assert len(calls) == per_pass  # a plain call of the model outside the backend

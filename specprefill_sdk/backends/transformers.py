@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._lean import LeanModel
 from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
@@ -144,6 +145,15 @@ class TransformersBackend(BackendBase):
             function up to float32 summation order, bitwise equal on CPU). Short prompts on a GPU are
             bound by the host's kernel launches, and the norms are a quarter of a layer's launches.
             Outside these passes (and in other threads) the model computes what transformers computes.
+        lean: for a Llama-style model (Llama, Qwen2, Mistral, SmolLM2), run a prefill into an empty
+            cache (one row, tokens in position order: a fresh compressed prompt) as plain functions of
+            the model's weights instead of through transformers' modules: the same operations in the
+            same order (on CPU, the same numbers) with a fraction of the host's work per layer, which
+            on a GPU is what a prefill of a few hundred kept tokens waits on. Other passes run
+            transformers' forward.
+        compile: with ``lean`` on a CUDA device, also fuse each layer's element-wise work in that
+            prefill with `torch.compile` (the first prefill compiles, once per process; tens of
+            seconds). Element-wise chains are then rounded once, so results differ in the last bits.
 
     Example::
 
@@ -163,6 +173,8 @@ class TransformersBackend(BackendBase):
         unmasked_chunk: int = DEFAULT_UNMASKED_CHUNK,
         max_batch_size: int = DEFAULT_MAX_BATCH,
         fused_norms: bool = True,
+        lean: bool = True,
+        compile: bool = False,
     ) -> None:
         if isinstance(model, LoadedModel):
             if device != "auto" and torch.device(device) != model.device:
@@ -193,6 +205,12 @@ class TransformersBackend(BackendBase):
         self.vocab_size = int(net.get_input_embeddings().num_embeddings)
         self._eos = frozenset(self.loaded.eos_token_ids)
         self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
+        self.lean, self.compile = bool(lean), bool(compile)
+        self._lean = (
+            LeanModel.build(net, fused=self.fused_norms, compiled=self.compile and self.device.type == "cuda")
+            if self.lean and not self._pass_cache_position
+            else None
+        )
 
     # ----------------------------------------------------------------- properties
     @property
@@ -331,6 +349,18 @@ class TransformersBackend(BackendBase):
         kpos = torch.cat([state.positions, qpos], dim=1)
         kvalid = torch.cat([state.valid, qvalid], dim=1)
         dev = self.device
+        if self._lean is not None and state.slots == 0 and self._slot_order(kpos, kvalid):
+            cache = state.cache
+
+            def store(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+                cache.update(key, value, layer)
+                return False
+
+            logits = self._lean.forward(ids.to(dev), qpos.to(dev), store)
+            assert logits is not None
+            state.positions, state.valid = kpos, kvalid
+            state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)
+            return logits.float()
         kwargs: dict[str, Any] = {
             "input_ids": ids.to(dev),
             "position_ids": qpos.to(dev),

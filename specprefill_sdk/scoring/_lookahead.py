@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
+from .._lean import LeanModel
 from .._norms import fused_norms
 from ..models import cache_argument, forward_parameters, text_config
 from ._attention_hook import DraftStopped, QueryRecorder
-from ._lean import LeanDraft
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 
@@ -87,10 +87,10 @@ class StaticLookAhead:
         cuda_graph: bool,
         fused_norms: bool = False,
         layers: int | None = None,
-        lean: LeanDraft | None = None,
+        lean: LeanModel | None = None,
     ) -> None:
         self.model = model
-        #: the draft's passes computed from its weights (`LeanDraft`), or None: transformers' forward
+        #: the draft's passes computed from its weights (`LeanModel`), or None: transformers' forward
         self.lean = lean
         #: run the norms `install_fused_norms` converted as fused kernels in the prefill and the steps
         self.fused_norms = fused_norms

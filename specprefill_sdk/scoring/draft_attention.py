@@ -27,13 +27,13 @@ from typing import Any
 
 import torch
 
+from .._lean import LeanModel
 from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
 from ..types import Prompt, TokenScores
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
-from ._lean import LeanDraft
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
 
 __all__ = ["DraftAttentionScorer"]
@@ -217,7 +217,7 @@ class DraftAttentionScorer:
             install_fused_norms(model)
         compiled = self.compile and self.loaded.device.type == "cuda"
         self._lean = (
-            LeanDraft.build(model, fused=self.fused_norms, compiled=compiled) if self._static and self.lean else None
+            LeanModel.build(model, fused=self.fused_norms, compiled=compiled) if self._static and self.lean else None
         )
         self._runner: StaticLookAhead | None = None
         self._runner_lock = threading.Lock()

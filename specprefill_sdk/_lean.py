@@ -1,20 +1,21 @@
-"""The draft's forward passes for `StaticLookAhead`, written directly against a Llama-style model's weights.
+"""Forward passes written directly against a Llama-style model's weights (the scorer's and the backend's).
 
-transformers' decoder layer is a stack of modules, each a Python call and a handful of kernels. In a
-look-ahead decode step of a small draft on a GPU, each of those kernels costs its launch latency and
-little else (the step runs at a few percent of the memory bandwidth it could use), so the step's cost
-is its kernel count. `LeanDraft` computes the same layers as plain functions of their weights:
+transformers' decoder layer is a stack of modules, each a Python call and a handful of kernels. On a
+GPU, a look-ahead decode step of a small draft, or the prefill of a few hundred kept tokens, costs
+what the host takes to issue those calls and what launching each kernel costs, more than what the
+arithmetic costs. `LeanModel` computes the same layers as plain functions of their weights:
 
 - eagerly, with the same operations in the same order as transformers' Llama, Qwen2 and Mistral
-  layers (the same numbers, bit for bit, on CPU), minus the modules, hooks and the cache protocol;
+  layers (the same numbers, bit for bit, on CPU), minus the modules, hooks and per-layer cache logic;
 - or, with ``compiled=True`` (CUDA only), with each layer's element-wise chains (norm, rotary
-  embedding, the gated activation, the residual additions) fused by `torch.compile` into a few
-  kernels. The matrix products and the attention stay what they were; sums of products may round
-  differently (in float32 inside a fused kernel), as within any two attention kernels.
+  embedding, the gated activation, the residual additions) fused by `torch.compile`. The matrix
+  products and the attention stay what they were; element-wise chains are rounded once instead of
+  after every operation, so results differ in the last bits, as between two attention kernels.
 
-Keys, values and queries go straight into the fixed buffers (no hook, no copy of a whole layer's
-keys into a cache object). Only models whose every layer is of the supported kind are accepted
-(`LeanDraft.build` returns None otherwise, and the scorer runs transformers' own forward).
+`LeanModel.forward` hands each layer's queries, keys and values to a callback: the scorer's
+fixed-buffer path (`StaticLookAhead`) writes them straight into its buffers, the backend into its KV
+cache. Only models whose every layer is of the supported kind are accepted (`LeanModel.build` returns
+None otherwise, and callers run transformers' own forward).
 """
 
 from __future__ import annotations
@@ -23,19 +24,20 @@ import functools
 import logging
 import sys
 import threading
+import types
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from ..models import text_config
+from .models import text_config
 
-__all__ = ["LeanDraft"]
+__all__ = ["LeanModel"]
 
 logger = logging.getLogger(__name__)
 
-#: ``config.model_type`` values whose decoder layers `LeanDraft` computes
+#: ``config.model_type`` values whose decoder layers `LeanModel` computes
 _MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 _compile_lock = threading.Lock()
 
@@ -120,20 +122,32 @@ def layer_output(
     return h + F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
-@functools.cache
-def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled for fixed shapes (one decode token), once per process."""
-    return torch.compile(fn, fullgraph=True, dynamic=False)
+def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: `torch.compile` keeps its compiled variants per code object."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    return functools.wraps(fn)(copy)
 
 
 @functools.cache
-def _compiled_dynamic(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` compiled for any number of tokens (a prefill), once per process."""
-    return torch.compile(fn, fullgraph=True, dynamic=True)
+def _compiled(fn: Callable[..., Any], signature: tuple[Any, ...], dynamic: bool) -> Callable[..., Any]:
+    """``fn`` compiled for models of one ``signature`` (shapes, dtype, norm constants), once per process.
+
+    ``dynamic``: for any number of tokens (a prefill); else for one decode token. Each signature gets
+    its own copy of ``fn``, so that models of several kinds in one process (a draft and its target)
+    do not share, and exhaust, one function's budget of recompilations.
+    """
+    key = (fn.__name__, signature)
+    if key not in _copies:
+        _copies[key] = _copy(fn, str(len(_copies)))
+    return torch.compile(_copies[key], fullgraph=True, dynamic=dynamic)
+
+
+_copies: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
 
 
 def _reason(model: Any) -> str | None:
-    """Why `LeanDraft` cannot compute ``model``'s layers (None: it can)."""
+    """Why `LeanModel` cannot compute ``model``'s layers (None: it can)."""
     config = text_config(model.config)
     if getattr(config, "model_type", None) not in _MODEL_TYPES:
         return f"model type {getattr(config, 'model_type', None)!r} is not one of {sorted(_MODEL_TYPES)}"
@@ -147,7 +161,7 @@ def _reason(model: Any) -> str | None:
     norms = [base.norm] + [m for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
     if not all(isinstance(getattr(m, "variance_epsilon", None), float) for m in norms):
         return "a norm without variance_epsilon"
-    from .._norms import _fused_class
+    from ._norms import _fused_class
 
     for m in norms:
         cls = type(m) if not getattr(type(m), "_specprefill_fused", False) else type(m).__mro__[1]
@@ -172,7 +186,7 @@ def _attention_function(model: Any, attention: Any) -> Callable[..., Any]:
     """The attention function transformers would call for a pass without the scoring hook."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from ._attention_hook import base_implementation
+    from .scoring._attention_hook import base_implementation
 
     base = base_implementation(model)
     if base == "eager":
@@ -183,7 +197,7 @@ def _attention_function(model: Any, attention: Any) -> Callable[..., Any]:
     return ALL_ATTENTION_FUNCTIONS[base]
 
 
-class LeanDraft:
+class LeanModel:
     """A Llama-style draft's forward passes over `StaticLookAhead`'s buffers, from its weights.
 
     Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
@@ -223,27 +237,37 @@ class LeanDraft:
                 )
             )
         self.attend_prompt = _attention_function(model, self.layers[0].attention)
+        first = self.layers[0]
+        #: what the compiled functions specialise on, besides tensor shapes
+        self.signature = (
+            str(model.dtype),
+            self.head_dim,
+            fused,
+            tuple(sorted({(p.eps_in, p.eps_post) for p in self.layers})),
+            tuple(t is None for t in (first.bq, first.bk, first.bv, first.bo)),
+            tuple(first.wq.shape),
+            tuple(first.wk.shape),
+            tuple(first.w_gate.shape),
+        )
 
     @classmethod
-    def build(cls, model: Any, *, fused: bool, compiled: bool) -> LeanDraft | None:
-        """A `LeanDraft` for ``model``, or None (logged) when its layers are not of the supported kind."""
+    def build(cls, model: Any, *, fused: bool, compiled: bool) -> LeanModel | None:
+        """A `LeanModel` for ``model``, or None (logged) when its layers are not of the supported kind."""
         reason = _reason(model)
         if reason is not None:
             logger.debug("the draft's layers run as transformers' modules: %s", reason)
             return None
         return cls(model, fused=fused, compiled=compiled)
 
-    def _inputs(self, step: bool) -> Callable[..., Any]:
-        if step and self.compiled:
-            with _compile_lock:
-                return _compiled(attention_inputs)
-        return attention_inputs
-
-    def _outputs(self, step: bool) -> Callable[..., Any]:
-        if step and self.compiled:
-            with _compile_lock:
-                return _compiled(layer_output)
-        return layer_output
+    def _functions(self, device: torch.device, dynamic: bool) -> tuple[Callable[..., Any], Callable[..., Any]]:
+        """The two per-layer functions, compiled when asked for (on CUDA)."""
+        if not (self.compiled and device.type == "cuda"):
+            return attention_inputs, layer_output
+        with _compile_lock:
+            return (
+                _compiled(attention_inputs, self.signature, dynamic),
+                _compiled(layer_output, self.signature, dynamic),
+            )
 
     def forward(
         self,
@@ -259,11 +283,9 @@ class LeanDraft:
         last position's logits (``[B, vocab]``).
         """
         batch, width = input_ids.shape
-        compiled = self.compiled and input_ids.device.type == "cuda"
-        inputs = _compiled_dynamic(attention_inputs) if compiled else attention_inputs
-        outputs = _compiled_dynamic(layer_output) if compiled else layer_output
+        inputs, outputs = self._functions(input_ids.device, dynamic=True)
         h = self.base.embed_tokens(input_ids)
-        cos, sin = self.base.rotary_emb(h, positions)
+        cos, sin = self.base.rotary_emb(h, position_ids=positions)
         for i, p in enumerate(self.layers):
             q, k, v = inputs(
                 h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, self.head_dim, self.fused
@@ -328,9 +350,9 @@ class LeanDraft:
         Every input is a device tensor, so the step can be captured as a CUDA graph and replayed.
         """
         batch = token.shape[0]
-        inputs, outputs = self._inputs(True), self._outputs(True)
+        inputs, outputs = self._functions(token.device, dynamic=False)
         h = self.base.embed_tokens(token)
-        cos, sin = self.base.rotary_emb(h, position)
+        cos, sin = self.base.rotary_emb(h, position_ids=position)
         for i, p in enumerate(self.layers):
             q, k, v = inputs(
                 h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, self.head_dim, self.fused

@@ -1,0 +1,128 @@
+"""`LeanModel`: the scorer's and the backend's passes computed from a Llama-style model's weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specprefill_sdk._lean import LeanModel
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.eval.corpora import haystack
+from specprefill_sdk.models import LoadedModel
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import CompressedPrompt, SamplingParams, Selection
+
+pytestmark = pytest.mark.slow
+
+
+def _tiny(kind: str, tokenizer) -> LoadedModel:
+    """A randomly initialised Qwen2 (biased q/k/v projections) or Qwen3 (normalised queries and keys)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(
+        vocab_size=49152,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_hidden_layers=3,
+        max_position_embeddings=2048,
+        attn_implementation="sdpa",
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**common)) if kind == "qwen2" else Qwen3ForCausalLM(Qwen3Config(**common))
+    for param in model.parameters():  # biases start at zero: make them count
+        if param.dim() == 1:
+            param.data.normal_(0.0, 0.5)
+    return LoadedModel(
+        name=f"tiny-{kind}",
+        model=model.eval(),
+        tokenizer=tokenizer,
+        device=torch.device("cpu"),
+        dtype=torch.float32,
+        source="random",
+    )
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm):
+    return build_prompt(smollm.tokenizer, [{"role": "user", "content": haystack(450, start=3) + "\nWhat is it?"}])
+
+
+def test_build_accepts_llama_style_models_only(smollm, tokenizer) -> None:
+    assert LeanModel.build(smollm.model, fused=True, compiled=False) is not None
+    assert LeanModel.build(_tiny("qwen2", tokenizer).model, fused=True, compiled=False) is not None
+    assert LeanModel.build(_tiny("qwen3", tokenizer).model, fused=True, compiled=False) is None  # q_norm / k_norm
+    qwen3 = DraftAttentionScorer(_tiny("qwen3", tokenizer), look_ahead=4)
+    assert qwen3._lean is None and qwen3.score(build_prompt(tokenizer, "a b c d e f")).values.shape == (6,)
+    assert TransformersBackend(_tiny("qwen3", tokenizer))._lean is None
+
+
+@pytest.mark.parametrize("look_ahead", [8, 1])
+def test_lean_scoring_equals_the_modules_bit_for_bit(smollm, prompt, look_ahead) -> None:
+    lean = DraftAttentionScorer(smollm, look_ahead=look_ahead)
+    modules = lean.with_options()
+    modules._lean = None
+    assert lean._lean is not None
+    a, b = lean.score(prompt), modules.score(prompt)
+    assert a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"]
+    assert a.info["look_ahead"] == look_ahead
+    torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)  # bf16 on CPU: the same operations
+
+
+def test_lean_first_layers_and_biased_projections(smollm, tokenizer, prompt) -> None:
+    early = DraftAttentionScorer(smollm, look_ahead=1, layers=12)
+    reference = early.with_options()
+    reference._lean = None
+    torch.testing.assert_close(early.score(prompt).values, reference.score(prompt).values, rtol=0, atol=0)
+    qwen = _tiny("qwen2", tokenizer)
+    lean = DraftAttentionScorer(qwen, look_ahead=6)
+    modules = lean.with_options()
+    modules._lean = None
+    a, b = lean.score(prompt), modules.score(prompt)
+    assert a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"]
+    torch.testing.assert_close(a.values, b.values, rtol=0, atol=0)
+
+
+def test_lean_steps_run_in_the_scorer(smollm, prompt, monkeypatch) -> None:
+    calls = {"forward": 0, "step": 0}
+    for name in calls:
+        original = getattr(LeanModel, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(LeanModel, name, counted)
+    DraftAttentionScorer(smollm, look_ahead=5).score(prompt)
+    assert calls == {"forward": 1, "step": 4}
+
+
+def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt) -> None:
+    compiled = DraftAttentionScorer(smollm, look_ahead=4, compile=True)
+    assert compiled.compile and compiled._lean is not None and not compiled._lean.compiled
+    plain = DraftAttentionScorer(smollm, look_ahead=4)
+    torch.testing.assert_close(compiled.score(prompt).values, plain.score(prompt).values, rtol=0, atol=0)
+    assert compiled.with_options(look_ahead=2).compile
+    backend = TransformersBackend(smollm, compile=True)
+    assert backend._lean is not None and not backend._lean.compiled
+
+
+@pytest.mark.parametrize("kind", ["smollm", "qwen2"])
+def test_lean_backend_prefill_equals_the_modules_then_decodes_the_same(smollm, tokenizer, prompt, kind) -> None:
+    loaded = smollm if kind == "smollm" else _tiny("qwen2", tokenizer)
+    lean, modules = TransformersBackend(loaded), TransformersBackend(loaded, lean=False)
+    assert lean._lean is not None and modules._lean is None
+    keep = tuple(sorted({*range(0, prompt.n, 3), prompt.n - 1}))
+    compressed = CompressedPrompt.from_selection(prompt, Selection(keep, prompt.n, (False,) * len(keep)))
+    a, b = lean.prefill(compressed), modules.prefill(compressed)
+    # The last layer runs its output part for the last row only: in float32 (the tiny model) a product
+    # of one row may round differently from the same row inside a larger product.
+    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0 if kind == "smollm" else 1e-6)
+    for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
+        torch.testing.assert_close(layer_a.keys, layer_b.keys, rtol=0, atol=0)
+        torch.testing.assert_close(layer_a.values, layer_b.values, rtol=0, atol=0)
+    params = SamplingParams(max_tokens=8)
+    assert lean.generate(compressed, params).token_ids == modules.generate(compressed, params).token_ids
