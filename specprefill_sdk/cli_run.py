@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument("--draft", default=None, help="draft model spec (default: the target itself)")
     models.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
     models.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
+    models.add_argument(
+        "--compile",
+        action="store_true",
+        help="fuse element-wise work with torch.compile (CUDA only; the first long prompt compiles)",
+    )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()
     policy.add_argument("--keep", type=_keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1]")
@@ -254,6 +259,7 @@ def main(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
+            compile=getattr(args, "compile", False),
         )
         prompt = _build_prompt(pipe, given, args.chat_template)
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}

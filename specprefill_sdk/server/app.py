@@ -113,6 +113,7 @@ def create_app(
     session_ttl: float = DEFAULT_SESSION_TTL,
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     default_strategy: str = DEFAULT_SESSION_STRATEGY,
+    compile: bool = False,
 ) -> FastAPI:
     """Build the server application around one loaded target and one draft scorer.
 
@@ -133,6 +134,8 @@ def create_app(
         max_sessions: conversations kept at once (the least recently used idle one is evicted for a
             new one; 0: conversations are not served).
         default_strategy: the strategy of a conversation whose first request names none.
+        compile: build the backend and the draft scorer with ``compile=True`` (CUDA only; see
+            `DraftAttentionScorer`): the first long requests compile, once per process.
 
     Raises:
         ModelLoadError: the model or draft cannot be loaded.
@@ -141,9 +144,9 @@ def create_app(
     if backend is None:
         from ..backends.transformers import TransformersBackend
 
-        backend = TransformersBackend(model, device=device, dtype=dtype)
+        backend = TransformersBackend(model, device=device, dtype=dtype, compile=compile)
     if scorer is None:
-        scorer = _default_scorer(backend, model, draft, policy, device, dtype)
+        scorer = _default_scorer(backend, model, draft, policy, device, dtype, compile)
     engine = ServingEngine(
         backend,
         scorer,
@@ -217,11 +220,14 @@ async def _sweep_conversations(engine: ServingEngine) -> None:
         engine.conversations.sweep()
 
 
-def _default_scorer(backend: Backend, model: str, draft: str | None, policy: str, device: str, dtype: str) -> Scorer:
+def _default_scorer(
+    backend: Backend, model: str, draft: str | None, policy: str, device: str, dtype: str, compile: bool = False
+) -> Scorer:
     """The process's draft scorer: the default policy's, on the draft model (the target's by default)."""
     from ..policies import load_pipeline
 
-    return load_pipeline(policy, model=model, draft=draft, backend=backend, device=device, dtype=dtype).scorer
+    pipe = load_pipeline(policy, model=model, draft=draft, backend=backend, device=device, dtype=dtype, compile=compile)
+    return pipe.scorer
 
 
 # ----------------------------------------------------------------------------- routes

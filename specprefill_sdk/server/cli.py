@@ -119,6 +119,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
     parser.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
     parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the first "
+        "long requests compile, tens of seconds)",
+    )
+    parser.add_argument(
         "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
     )
     parser.add_argument(
@@ -184,6 +190,7 @@ def main(args: argparse.Namespace) -> int:
         session_ttl=args.session_ttl,
         max_sessions=args.max_sessions,
         default_strategy=args.session_strategy,
+        compile=args.compile,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0
