@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from specprefill_sdk._lean import LeanModel
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
-from specprefill_sdk.models import LoadedModel
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer
 from specprefill_sdk.types import CompressedPrompt, SamplingParams, Selection
@@ -16,34 +16,8 @@ from specprefill_sdk.types import CompressedPrompt, SamplingParams, Selection
 pytestmark = pytest.mark.slow
 
 
-def _tiny(kind: str, tokenizer) -> LoadedModel:
-    """A randomly initialised Qwen2 (biased q/k/v projections) or Qwen3 (normalised queries and keys)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-
-    common = dict(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_hidden_layers=3,
-        max_position_embeddings=2048,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**common)) if kind == "qwen2" else Qwen3ForCausalLM(Qwen3Config(**common))
-    for param in model.parameters():  # biases start at zero: make them count
-        if param.dim() == 1:
-            param.data.normal_(0.0, 0.5)
-    return LoadedModel(
-        name=f"tiny-{kind}",
-        model=model.eval(),
-        tokenizer=tokenizer,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        source="random",
-    )
+def _tiny(kind: str, tokenizer):
+    return tiny_model(kind, tokenizer, random_biases=True)  # zero biases would not show a lost bias
 
 
 @pytest.fixture(scope="module")

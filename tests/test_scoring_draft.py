@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from tiny_models import tiny_model
 
 from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.eval.corpora import haystack
@@ -26,55 +27,6 @@ def assert_matches(actual: torch.Tensor, expected: torch.Tensor) -> None:
     assert actual.shape == expected.shape and actual.dtype == torch.float32
     err = float((actual - expected).abs().max())
     assert err <= RTOL * float(expected.abs().max()), f"max abs error {err} vs peak {float(expected.abs().max())}"
-
-
-def _tiny(kind: str, tokenizer) -> LoadedModel:
-    """A randomly initialised Qwen2 or Gemma 3 with SmolLM2's vocabulary (49152)."""
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig, Qwen2Config, Qwen2ForCausalLM
-
-    common = dict(
-        vocab_size=49152,
-        hidden_size=64,
-        intermediate_size=128,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=2048,
-        attn_implementation="sdpa",
-    )
-    torch.manual_seed(0)
-    if kind == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, **common))
-    elif kind == "gemma3":  # windowed layers next to global ones: the windowed ones are skipped
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(
-                num_hidden_layers=4,
-                sliding_window=16,
-                query_pre_attn_scalar=24,
-                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-                **common,
-            )
-        )
-    elif kind == "gemma3-sliding":  # every layer windowed: each counts within its window
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(
-                num_hidden_layers=3,
-                sliding_window=16,
-                query_pre_attn_scalar=24,
-                layer_types=["sliding_attention"] * 3,
-                **common,
-            )
-        )
-    else:
-        raise ValueError(kind)
-    return LoadedModel(
-        name=f"tiny-{kind}",
-        model=model.eval(),
-        tokenizer=tokenizer,
-        device=torch.device("cpu"),
-        dtype=torch.float32,
-        source="random",
-    )
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +52,7 @@ def test_smollm_scores_match_the_eager_reference(fp32_scorer, smollm_fp32, texts
 
 @pytest.mark.parametrize("kind", ["qwen2", "gemma3", "gemma3-sliding"])
 def test_tiny_models_match_the_eager_reference(kind, tokenizer, texts):
-    loaded = _tiny(kind, tokenizer)
+    loaded = tiny_model(kind, tokenizer)
     scorer = DraftAttentionScorer(loaded, look_ahead=6, pool_kernel=5)
     prompts = [build_prompt(tokenizer, t) for t in texts]
     assert all(p.n > 4 * 16 for p in prompts)  # longer than the sliding window
@@ -139,7 +91,7 @@ class _WithEos(LoadedModel):
 
 
 def test_look_ahead_stops_at_an_end_of_sequence_id(tokenizer, texts):
-    loaded = _tiny("qwen2", tokenizer)
+    loaded = tiny_model("qwen2", tokenizer)
     prompt = build_prompt(tokenizer, texts[0])
     free = greedy_look_ahead(_WithEos(**vars(loaded)), prompt.token_ids, 8)
     assert len(free) == 7
@@ -236,8 +188,8 @@ def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smoll
 
 
 def test_windowed_drafts_keep_the_step_by_step_path(tokenizer):
-    assert not DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=3)._static
-    assert DraftAttentionScorer(_tiny("qwen2", tokenizer), look_ahead=3)._static
+    assert not DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=3)._static
+    assert DraftAttentionScorer(tiny_model("qwen2", tokenizer), look_ahead=3)._static
 
 
 def test_the_first_layers_only_match_the_reference_and_the_rest_never_runs(fp32_scorer, smollm_fp32, texts):
@@ -274,7 +226,7 @@ def test_the_first_layers_only_match_the_reference_and_the_rest_never_runs(fp32_
 
 @pytest.mark.parametrize(("kind", "layers"), [("qwen2", 2), ("gemma3", 2), ("gemma3", 3), ("gemma3-sliding", 2)])
 def test_the_first_layers_of_tiny_models_match_the_reference(kind, layers, tokenizer, texts):
-    loaded = _tiny(kind, tokenizer)
+    loaded = tiny_model(kind, tokenizer)
     scorer = DraftAttentionScorer(loaded, look_ahead=1, pool_kernel=5, layers=layers)
     prompts = [build_prompt(tokenizer, t) for t in texts]
     for prompt, scores in zip(prompts, scorer.score_batch(prompts), strict=True):
@@ -295,4 +247,4 @@ def test_bad_layer_counts_are_refused(fp32_scorer, tokenizer):
     with pytest.raises(InvalidRequestError, match="needs look_ahead=1"):
         fp32_scorer.with_options(look_ahead=1, layers=4).with_options(look_ahead=2)
     with pytest.raises(InvalidRequestError, match="sliding window"):
-        DraftAttentionScorer(_tiny("gemma3", tokenizer), look_ahead=1, layers=1)
+        DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=1, layers=1)
