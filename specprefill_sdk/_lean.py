@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import sys
 import threading
 import types
 from collections.abc import Callable
@@ -214,22 +213,20 @@ def _reason(model: Any) -> str | None:
             return "an MLP other than a bias-free gated SiLU"
         if not isinstance(getattr(attn, "scaling", None), float):
             return "an attention layer without a scaling"
+    from .scoring._attention_hook import base_implementation
+
+    # The prefill's attention relies on SDPA's own causal mask (no mask is built); transformers' eager
+    # attention applies none without one.
+    if base_implementation(model) != "sdpa":
+        return f"attention implementation {base_implementation(model)!r} (the lean prefill needs 'sdpa')"
     return None
 
 
-def _attention_function(model: Any, attention: Any) -> Callable[..., Any]:
-    """The attention function transformers would call for a pass without the scoring hook."""
+def _attention_function() -> Callable[..., Any]:
+    """transformers' SDPA attention function (with no mask and several queries it attends causally)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from .scoring._attention_hook import base_implementation
-
-    base = base_implementation(model)
-    if base == "eager":
-        fn = getattr(sys.modules.get(type(attention).__module__), "eager_attention_forward", None)
-        if fn is None:
-            raise ValueError(f"{type(attention).__name__} has no eager_attention_forward")
-        return fn
-    return ALL_ATTENTION_FUNCTIONS[base]
+    return ALL_ATTENTION_FUNCTIONS["sdpa"]
 
 
 class LeanModel:
@@ -272,7 +269,7 @@ class LeanModel:
                     scaling=float(attn.scaling),
                 )
             )
-        self.attend_prompt = _attention_function(model, self.layers[0].attention)
+        self.attend_prompt = _attention_function()
         first = self.layers[0]
         #: what the compiled functions specialise on, besides tensor shapes
         self.signature = (

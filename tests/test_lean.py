@@ -32,6 +32,10 @@ def test_build_accepts_llama_style_models_only(smollm, tokenizer) -> None:
     qwen3 = DraftAttentionScorer(_tiny("qwen3", tokenizer), look_ahead=4)
     assert qwen3._lean is None and qwen3.score(build_prompt(tokenizer, "a b c d e f")).values.shape == (6,)
     assert TransformersBackend(_tiny("qwen3", tokenizer))._lean is None
+    eager = _tiny("qwen2", tokenizer)
+    eager.model.set_attn_implementation("eager")  # attends causally only through a mask, which lean passes omit
+    assert LeanModel.build(eager.model, fused=True, compiled=False) is None
+    assert TransformersBackend(eager)._lean is None and DraftAttentionScorer(eager)._lean is None
 
 
 @pytest.mark.parametrize("look_ahead", [8, 1])
