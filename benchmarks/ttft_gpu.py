@@ -656,7 +656,7 @@ def markdown(result: dict[str, Any]) -> str:
         for c in row.get("cells", []):
             lines.append(
                 f"| {row['pair']} | {row['n']} | {c['keep_rate']:g} | {c['look_ahead']} | {c['full_ms']:.1f} | "
-                f"{c['e2e_ms']:.1f} | {c['speedup']:.2f}x | {c['ceiling']:.2f}x | {100 * c['ratio_to_ceiling']:.0f}% | "
+                f"{c['e2e_ms']:.1f} | {c['speedup']:.2f}x | {c['ceiling']:.2f}x | {100 * c['ratio_to_ceiling']:.1f}% | "
                 f"{c['e2e_direct_ms']:.1f} | {100 * c['ratio_to_ceiling_direct']:.0f}% |"
             )
     if any(row.get("score") for row in result["rows"]):
