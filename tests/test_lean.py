@@ -78,6 +78,20 @@ def test_lean_steps_run_in_the_scorer(smollm, prompt, monkeypatch) -> None:
     assert calls == {"forward": 1, "step": 4}
 
 
+def test_release_picks_up_new_parameter_tensors(tokenizer, prompt) -> None:
+    loaded = _tiny("qwen2", tokenizer)
+    scorer = DraftAttentionScorer(loaded, look_ahead=3)
+    before = scorer.score(prompt).values
+    layer = loaded.model.model.layers[1].self_attn
+    layer.q_proj.weight = torch.nn.Parameter(layer.q_proj.weight.detach() * 3.0)  # a new tensor, not a copy
+    scorer.release()
+    after = scorer.score(prompt).values
+    modules = scorer.with_options()
+    modules._lean = None
+    assert not torch.equal(before, after)
+    torch.testing.assert_close(after, modules.score(prompt).values, rtol=0, atol=0)
+
+
 def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt) -> None:
     compiled = DraftAttentionScorer(smollm, look_ahead=4, compile=True)
     assert compiled.compile and compiled._lean is not None and not compiled._lean.compiled

@@ -288,9 +288,15 @@ class DraftAttentionScorer:
         )
 
     def release(self) -> None:
-        """Free the look-ahead buffers and CUDA graph kept between calls (they are rebuilt when needed)."""
+        """Free the look-ahead buffers and CUDA graph kept between calls (they are rebuilt when needed).
+
+        Both, like the lean passes, use the draft's parameters as they were when built: after giving
+        the draft new parameter tensors (not values copied into the old ones), call this first.
+        """
         with self._runner_lock:
             self._runner = None
+            if self._lean is not None:
+                self._lean = LeanModel.build(self.loaded.model, fused=self.fused_norms, compiled=self._lean.compiled)
 
     def score(self, prompt: Prompt) -> TokenScores:
         """One fp32 score per prompt token (larger: more important)."""
