@@ -41,8 +41,9 @@ _MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 _compile_lock = threading.Lock()
 #: a prefill whose hidden states (tokens x hidden size) have fewer elements runs its compiled functions
 #: no faster than the plain ones: on an H200 the compiled functions' own host work per call outweighs
-#: what they save (Llama-3.1-8B, 409 kept tokens: 16.7 ms compiled, 14.2 ms plain, 1228 tokens: 32.1
-#: and 34.1 ms; Qwen2.5-0.5B, 4096 tokens: 16.4 and 12.5 ms; Llama-3.2-1B, 4096 tokens: 18.3 and 19.8 ms)
+#: what they save (benchmarks/results/lean_gpu_h200*.md; Llama-3.1-8B, 409 kept tokens: 17.8 ms
+#: compiled, 14.2 ms plain, 1228 tokens: 32.1 and 34.1 ms; Qwen2.5-0.5B, 4096 tokens: 16.4 and 12.5 ms;
+#: Llama-3.2-1B, 4096 tokens: 18.3 and 19.8 ms)
 COMPILE_MIN_ELEMENTS = 1 << 22
 
 
@@ -233,8 +234,9 @@ class LeanModel:
     """A Llama-style draft's forward passes over `StaticLookAhead`'s buffers, from its weights.
 
     Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
-    (`specprefill_sdk._norms`); ``compiled`` fuses each decode step's element-wise work with
-    `torch.compile` (CUDA only; the first step compiles, once per process and shape).
+    (`specprefill_sdk._norms`); ``compiled`` runs each decode step's layers, and the layers of prefills
+    of at least `COMPILE_MIN_ELEMENTS` hidden-state elements, as `torch.compile`d functions (CUDA only;
+    the first call compiles, once per process and kind of model).
     """
 
     def __init__(self, model: Any, *, fused: bool, compiled: bool) -> None:
@@ -288,7 +290,7 @@ class LeanModel:
         """A `LeanModel` for ``model``, or None (logged) when its layers are not of the supported kind."""
         reason = _reason(model)
         if reason is not None:
-            logger.debug("the draft's layers run as transformers' modules: %s", reason)
+            logger.debug("%s runs through transformers' modules: %s", type(model).__name__, reason)
             return None
         return cls(model, fused=fused, compiled=compiled)
 
