@@ -4,14 +4,17 @@ For a draft whose every layer attends globally, scoring needs only each layer's 
 the post-RoPE queries of the last prompt token and of the look-ahead tokens. `StaticLookAhead` holds
 them in stacked fixed buffers so that:
 
-- the prefill keeps no cache: a `QueryRecorder` copies each layer's keys (and values, when there are
-  decode steps) into the buffers and records the last prompt token's query, with no scoring work
-  inside the forward pass;
+- the prefill keeps no cache: each layer's keys (and values, when there are decode steps) go into
+  the buffers and the last prompt token's query is recorded, with no scoring work inside the pass.
+  For Llama-style drafts a `LeanModel` (`specprefill_sdk._lean`) computes the prefill of an
+  unpadded batch and every decode step from the weights and writes them there itself; otherwise
+  the model's forward runs and a `QueryRecorder` in its attention hook copies them;
 - every decode step is identical in shape and reads and writes only device tensors (the input token,
   its position, its cache slot, a 4-D additive mask whose slot is unmasked in place, the step index),
   so that on CUDA it is captured once as a graph and replayed. Run eagerly, each step of a small model
   costs far more in Python and kernel launches than in arithmetic;
 - Llama-style RMSNorm layers run as one fused kernel plus the weight (`specprefill_sdk._norms`), when asked;
+- with a compiled `LeanModel`, each decode step runs one `torch.compile`d function per layer;
 - all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
   the same arithmetic as one at a time;
 - with ``layers`` set (no decode steps), the prefill stops once the last of those layers has handed
