@@ -92,14 +92,18 @@ def test_release_picks_up_new_parameter_tensors(tokenizer, prompt) -> None:
     torch.testing.assert_close(after, modules.score(prompt).values, rtol=0, atol=0)
 
 
-def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt) -> None:
+def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt, caplog) -> None:
+    caplog.set_level("INFO", logger="specprefill_sdk")
     compiled = DraftAttentionScorer(smollm, look_ahead=4, compile=True)
+    assert "compile=True has no effect on cpu" in caplog.text
     assert compiled.compile and compiled._lean is not None and not compiled._lean.compiled
     plain = DraftAttentionScorer(smollm, look_ahead=4)
     torch.testing.assert_close(compiled.score(prompt).values, plain.score(prompt).values, rtol=0, atol=0)
     assert compiled.with_options(look_ahead=2).compile
+    caplog.clear()
     backend = TransformersBackend(smollm, compile=True)
     assert backend._lean is not None and not backend._lean.compiled
+    assert "the backend's passes run uncompiled" in caplog.text
 
 
 @pytest.mark.parametrize("kind", ["smollm", "qwen2"])

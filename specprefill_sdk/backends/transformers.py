@@ -206,6 +206,8 @@ class TransformersBackend(BackendBase):
         self._eos = frozenset(self.loaded.eos_token_ids)
         self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
         self.lean, self.compile = bool(lean), bool(compile)
+        if self.compile and self.device.type != "cuda":
+            logger.info("compile=True has no effect on %s: the backend's passes run uncompiled", self.device)
         self._lean = (
             LeanModel.build(net, fused=self.fused_norms, compiled=self.compile and self.device.type == "cuda")
             if self.lean and not self._pass_cache_position

@@ -216,6 +216,8 @@ class DraftAttentionScorer:
         if self._static and self.fused_norms:
             install_fused_norms(model)
         compiled = self.compile and self.loaded.device.type == "cuda"
+        if self.compile and not compiled:
+            logger.info("compile=True has no effect on %s: the draft's passes run uncompiled", self.loaded.device)
         self._lean = (
             LeanModel.build(model, fused=self.fused_norms, compiled=compiled) if self._static and self.lean else None
         )
