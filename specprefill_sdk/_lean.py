@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ._norms import fused_rms_norm
 from .models import text_config
 
 __all__ = ["LeanModel"]
@@ -70,7 +71,7 @@ class _Layer(NamedTuple):
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """Llama's RMSNorm: fused (`specprefill_sdk._norms`) or as transformers writes it."""
     if fused:
-        return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+        return fused_rms_norm(x, weight, eps)
     dtype = x.dtype
     h = x.to(torch.float32)
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -163,6 +164,10 @@ def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
     return functools.wraps(fn)(copy)
 
 
+#: (function name, model signature) -> that function's own copy (`_copy`), shared by its compiled variants
+_copies: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
+
+
 @functools.cache
 def _compiled(fn: Callable[..., Any], signature: tuple[Any, ...], dynamic: bool | None) -> Callable[..., Any]:
     """``fn`` compiled for models of one ``signature`` (shapes, dtype, norm constants), once per process.
@@ -176,9 +181,6 @@ def _compiled(fn: Callable[..., Any], signature: tuple[Any, ...], dynamic: bool 
     if key not in _copies:
         _copies[key] = _copy(fn, str(len(_copies)))
     return torch.compile(_copies[key], fullgraph=True, dynamic=dynamic)
-
-
-_copies: dict[tuple[str, tuple[Any, ...]], Callable[..., Any]] = {}
 
 
 def _reason(model: Any) -> str | None:
@@ -218,8 +220,9 @@ def _reason(model: Any) -> str | None:
 
     # The prefill's attention relies on SDPA's own causal mask (no mask is built); transformers' eager
     # attention applies none without one.
-    if base_implementation(model) != "sdpa":
-        return f"attention implementation {base_implementation(model)!r} (the lean prefill needs 'sdpa')"
+    implementation = base_implementation(model)
+    if implementation != "sdpa":
+        return f"attention implementation {implementation!r} (the lean prefill needs 'sdpa')"
     return None
 
 
@@ -231,7 +234,7 @@ def _attention_function() -> Callable[..., Any]:
 
 
 class LeanModel:
-    """A Llama-style draft's forward passes over `StaticLookAhead`'s buffers, from its weights.
+    """A Llama-style model's forward passes from its weights: the scorer's prefill and steps, the backend's prefill.
 
     Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
     (`specprefill_sdk._norms`); ``compiled`` runs each decode step's layers, and the layers of prefills
@@ -310,6 +313,12 @@ class LeanModel:
         with _compile_lock:
             return _compiled(decode_layer, self.signature, None)
 
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits (``[B, vocab]``) of the last layer's output ``h`` for one position (``[B, 1, D]``)."""
+        norm = self.base.norm
+        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
+        return logits[:, -1]
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -338,9 +347,7 @@ class LeanModel:
             if i == len(self.layers) - 1:  # only the last position feeds the next token
                 h, attended = h[:, -1:], attended[:, -1:]
             h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)
-        norm = self.base.norm
-        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
-        return logits[:, -1]
+        return self._logits(h)
 
     def prefill(
         self,
@@ -397,6 +404,4 @@ class LeanModel:
             h = layer(
                 h, p, cos, sin, self.head_dim, self.fused, keys[i], values[i], queries[i], slot, index, mask, attend
             )
-        norm = self.base.norm
-        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
-        return logits[:, -1].argmax(-1, keepdim=True)
+        return self._logits(h).argmax(-1, keepdim=True)

@@ -48,9 +48,13 @@ def fused_norms(enabled: bool = True) -> Iterator[None]:
         _FUSED.reset(token)
 
 
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm as torch's fused ``rms_norm`` (float32 inside, one rounding) and then the weight."""
+    return weight * F.rms_norm(x, (x.shape[-1],), eps=eps)
+
+
 def _fused(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
-    normed = F.rms_norm(hidden_states, (hidden_states.shape[-1],), eps=module.variance_epsilon)
-    return module.weight * normed
+    return fused_rms_norm(hidden_states, module.weight, module.variance_epsilon)
 
 
 def _restore(cls: Any, state: dict[str, Any]) -> Any:

@@ -38,26 +38,19 @@ def tiny_model(kind: str, tokenizer, *, random_biases: bool = False) -> LoadedMo
         model = Qwen2ForCausalLM(Qwen2Config(num_hidden_layers=3, **_COMMON))
     elif kind == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(num_hidden_layers=3, **_COMMON))
-    elif kind == "gemma3":
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(
-                num_hidden_layers=4,
-                sliding_window=16,
-                query_pre_attn_scalar=24,
-                layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-                **_COMMON,
-            )
+    elif kind in ("gemma3", "gemma3-sliding"):
+        if kind == "gemma3":
+            layer_types = ["sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+        else:
+            layer_types = ["sliding_attention"] * 3
+        config = Gemma3TextConfig(
+            num_hidden_layers=len(layer_types),
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            layer_types=layer_types,
+            **_COMMON,
         )
-    elif kind == "gemma3-sliding":
-        model = Gemma3ForCausalLM(
-            Gemma3TextConfig(
-                num_hidden_layers=3,
-                sliding_window=16,
-                query_pre_attn_scalar=24,
-                layer_types=["sliding_attention"] * 3,
-                **_COMMON,
-            )
-        )
+        model = Gemma3ForCausalLM(config)
     else:
         raise ValueError(kind)
     if random_biases:

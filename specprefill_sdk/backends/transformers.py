@@ -351,34 +351,33 @@ class TransformersBackend(BackendBase):
         kpos = torch.cat([state.positions, qpos], dim=1)
         kvalid = torch.cat([state.valid, qvalid], dim=1)
         dev = self.device
-        if self._lean is not None and state.slots == 0 and self._slot_order(kpos, kvalid):
+        in_order = self._slot_order(kpos, kvalid)
+        if self._lean is not None and state.slots == 0 and in_order:
             cache = state.cache
 
             def store(layer: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
                 cache.update(key, value, layer)
                 return False
 
-            logits = self._lean.forward(ids.to(dev), qpos.to(dev), store)
-            assert logits is not None
-            state.positions, state.valid = kpos, kvalid
-            state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)
-            return logits.float()
-        kwargs: dict[str, Any] = {
-            "input_ids": ids.to(dev),
-            "position_ids": qpos.to(dev),
-            "attention_mask": None if self._slot_order(kpos, kvalid) else self._masks(qpos, qvalid, kpos, kvalid),
-            self._cache_kw: state.cache,
-            "use_cache": True,
-        }
-        if self._pass_cache_position:  # older transformers: the compact slot index of each new token
-            kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
-        if self._logits_kw is not None:
-            kwargs[self._logits_kw] = 1
-        with fused_norms(self.fused_norms):
-            out = self.loaded.model(**kwargs)
+            last = self._lean.forward(ids.to(dev), qpos.to(dev), store)
+            assert last is not None
+        else:
+            kwargs: dict[str, Any] = {
+                "input_ids": ids.to(dev),
+                "position_ids": qpos.to(dev),
+                "attention_mask": None if in_order else self._masks(qpos, qvalid, kpos, kvalid),
+                self._cache_kw: state.cache,
+                "use_cache": True,
+            }
+            if self._pass_cache_position:  # older transformers: the compact slot index of each new token
+                kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
+            if self._logits_kw is not None:
+                kwargs[self._logits_kw] = 1
+            with fused_norms(self.fused_norms):
+                last = self.loaded.model(**kwargs).logits[:, -1, :]
         state.positions, state.valid = kpos, kvalid
         state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)
-        return out.logits[:, -1, :].float()
+        return last.float()
 
     def prefill(self, prompt: CompressedPrompt, state: KVState | None = None) -> KVState:
         """Bring ``state`` (or a new one) up to ``prompt``: kept tokens not yet cached are prefilled.

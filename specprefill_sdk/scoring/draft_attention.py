@@ -155,10 +155,12 @@ class DraftAttentionScorer:
             the draft's weights instead of through transformers' modules: the same operations in the
             same order (on CPU, the same numbers), written straight into the scoring buffers, with
             far less Python per layer. Other drafts, and padded batches' prefills, run transformers' forward.
-        compile: with ``lean`` on a CUDA device, fuse each look-ahead step's element-wise work (norms,
-            rotary embedding, activation, residuals) with `torch.compile`, so that a step of a small
-            draft issues about half as many kernels. The first scoring call compiles (once per
-            process; tens of seconds). Sums may round differently, as between two attention kernels.
+        compile: with ``lean`` on a CUDA device, run each look-ahead step's layers, and the layers of
+            prefills of at least 4M hidden-state elements, as `torch.compile`d functions that fuse
+            their element-wise work (norms, rotary embedding, activation, residuals); on an H200 a
+            step of Llama-3.2-1B at 4K tokens took 1.57 ms instead of 2.09 ms. The first scoring call
+            compiles (once per process; tens of seconds). Element-wise chains round once instead of
+            after each operation, so scores differ in the last bits.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
