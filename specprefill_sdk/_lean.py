@@ -48,7 +48,13 @@ _compile_lock = threading.Lock()
 COMPILE_MIN_ELEMENTS = 1 << 22
 
 
+#: whether `F.scaled_dot_product_attention` takes ``enable_gqa`` (torch 2.5 and later)
+_SDPA_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
+
+
 class _Layer(NamedTuple):
+    """One decoder layer's weights; with packed weights (`pack_rows`) also the buffers that hold them."""
+
     attention: Any  # the attention module (handed to the attention function, as transformers does)
     norm_in: torch.Tensor
     eps_in: float
@@ -66,6 +72,47 @@ class _Layer(NamedTuple):
     w_up: torch.Tensor
     w_down: torch.Tensor
     scaling: float
+    wqkv: torch.Tensor | None = None  # the query, key and value rows in one buffer
+    bqkv: torch.Tensor | None = None  # their biases
+    w_gate_up: torch.Tensor | None = None  # the gate and up rows in one buffer
+
+
+def _rows_of_one_buffer(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """The one buffer whose consecutive rows ``tensors`` are (a view of it), or None when they are not."""
+    first = tensors[0]
+    offset = first.storage_offset()
+    for t in tensors:
+        if (
+            not t.is_contiguous()
+            or t.untyped_storage().data_ptr() != first.untyped_storage().data_ptr()
+            or t.storage_offset() != offset
+            or t.shape[1:] != first.shape[1:]
+        ):
+            return None
+        offset += t.numel()
+    rows = sum(t.shape[0] for t in tensors)
+    return torch.as_strided(first.detach(), (rows, *first.shape[1:]), first.stride())
+
+
+def pack_rows(modules: list[torch.nn.Module], name: str) -> torch.Tensor:
+    """Store the modules' parameters ``name`` (stacked along dim 0) in one buffer, in place; return it.
+
+    Each module's parameter becomes a view of its rows of the buffer: the same values, and, once the
+    old tensors are freed, the same memory. One matrix product with the buffer then computes what the
+    modules' products computed one by one. Parameters already laid out so are left as they are.
+    """
+    params = [getattr(m, name) for m in modules]
+    buffer = _rows_of_one_buffer(params)
+    if buffer is not None:
+        return buffer
+    with torch.no_grad():
+        buffer = torch.cat([p.detach() for p in params])
+    start = 0
+    for module, param in zip(modules, params, strict=True):
+        rows = param.shape[0]
+        setattr(module, name, torch.nn.Parameter(buffer[start : start + rows], requires_grad=param.requires_grad))
+        start += rows
+    return buffer
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
@@ -89,21 +136,29 @@ def attention_inputs(
     eps: float,
     wq: torch.Tensor,
     bq: torch.Tensor | None,
-    wk: torch.Tensor,
+    wk: torch.Tensor | None,
     bk: torch.Tensor | None,
-    wv: torch.Tensor,
+    wv: torch.Tensor | None,
     bv: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
     head_dim: int,
     fused: bool,
+    split: tuple[int, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One layer's post-RoPE queries and keys and its values (``[B, heads, S, d]``) from its input ``h``."""
+    """One layer's post-RoPE queries and keys and its values (``[B, heads, S, d]``) from its input ``h``.
+
+    ``split``: ``wq`` (and ``bq``) hold the query, key and value rows (that many of each) in one matrix;
+    ``wk``, ``bk``, ``wv`` and ``bv`` are not used.
+    """
     x = _norm(h, norm, eps, fused)
     shape = (*x.shape[:-1], -1, head_dim)
-    q = F.linear(x, wq, bq).view(shape).transpose(1, 2)
-    k = F.linear(x, wk, bk).view(shape).transpose(1, 2)
-    v = F.linear(x, wv, bv).view(shape).transpose(1, 2)
+    if split is None:
+        assert wk is not None and wv is not None
+        q, k, v = F.linear(x, wq, bq), F.linear(x, wk, bk), F.linear(x, wv, bv)
+    else:
+        q, k, v = F.linear(x, wq, bq).split(split, dim=-1)
+    q, k, v = q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), v.view(shape).transpose(1, 2)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q = (q * cos) + (_rotate_half(q) * sin)
     k = (k * cos) + (_rotate_half(k) * sin)
@@ -118,13 +173,20 @@ def layer_output(
     norm: torch.Tensor,
     eps: float,
     w_gate: torch.Tensor,
-    w_up: torch.Tensor,
+    w_up: torch.Tensor | None,
     w_down: torch.Tensor,
     fused: bool,
 ) -> torch.Tensor:
-    """The layer's output from its input ``h`` and the attention's output (``[B, S, heads * d]``)."""
+    """The layer's output from its input ``h`` and the attention's output (``[B, S, heads * d]``).
+
+    ``w_up`` None: ``w_gate`` holds the gate rows and then the up rows (one product).
+    """
     h = h + F.linear(attended, wo, bo)
     x = _norm(h, norm, eps, fused)
+    if w_up is None:
+        gate, up = F.linear(x, w_gate).chunk(2, dim=-1)
+        return h + F.linear(F.silu(gate) * up, w_down)
+    # one expression: each product is freed once used (a prefill's MLP activations are its largest tensors)
     return h + F.linear(F.silu(F.linear(x, w_gate)) * F.linear(x, w_up), w_down)
 
 
@@ -142,19 +204,45 @@ def decode_layer(
     index: torch.Tensor,
     mask: torch.Tensor,
     attend: Callable[..., torch.Tensor],
+    split: tuple[int, int, int] | None = None,
 ) -> torch.Tensor:
     """One layer of a one-token decode step over fixed buffers (``keys``, ``values``: ``[B, KVH, S, d]``).
 
     The token's key and value go to slot ``slot``, its query to query ``index`` of ``queries``
     (``[B, H, J, d]``); ``attend(query, keys, values, mask, scaling)`` is the one-query attention.
+    ``split``: multiply by the layer's packed buffers (`_Layer`), with that many query, key and value rows.
     """
     p = layer
-    q, k, v = attention_inputs(h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, head_dim, fused)
+    if split is not None and p.wqkv is not None and p.w_gate_up is not None:
+        q, k, v = attention_inputs(
+            h, p.norm_in, p.eps_in, p.wqkv, p.bqkv, None, None, None, None, cos, sin, head_dim, fused, split
+        )
+        gate, up = p.w_gate_up, None
+    else:
+        q, k, v = attention_inputs(
+            h, p.norm_in, p.eps_in, p.wq, p.bq, p.wk, p.bk, p.wv, p.bv, cos, sin, head_dim, fused
+        )
+        gate, up = p.w_gate, p.w_up
     keys.index_copy_(2, slot, k)
     values.index_copy_(2, slot, v)
     queries.index_copy_(2, index, q)
     attended = attend(q, keys, values, mask, p.scaling).reshape(h.shape[0], 1, -1)
-    return layer_output(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, fused)
+    return layer_output(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, gate, up, p.w_down, fused)
+
+
+def sdpa_one_query(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, scaling: float
+) -> torch.Tensor:
+    """One-query attention over fixed buffers by SDPA (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
+
+    The compiled decode step's attention: inside a compiled step, torch's fused kernel costs about the
+    same whatever the buffer's length, where `QueryRecorder.attend`'s products and softmax grow with
+    it. With both, a compiled step of Llama-3.2-1B on an H200 took 1.30 ms at 4K tokens and 1.52 ms
+    at 32K (benchmarks/results/lean_gpu_h200.md); in float32 its scores were within 4.6e-6 (of the
+    largest score) of the slow reference's (exactness_gpu_h200.md).
+    """
+    out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2)
 
 
 def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
@@ -239,10 +327,17 @@ class LeanModel:
     Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
     (`specprefill_sdk._norms`); ``compiled`` runs each decode step's layers, and the layers of prefills
     of at least `COMPILE_MIN_ELEMENTS` hidden-state elements, as `torch.compile`d functions (CUDA only;
-    the first call compiles, once per process and kind of model).
+    the first call compiles, once per process and kind of model). ``packed`` stores each layer's query,
+    key and value weights (and biases), and its gate and up weights, in one buffer each, in place
+    (`pack_rows`: the model's parameters become views of it; no memory is added), so that a layer of a
+    decode step makes two matrix products where it made five; results differ from the unpacked
+    products' in the last bits at most. Prefills keep one product per projection: the output of a
+    packed product stays allocated, whole, until its last part is used (at 32K tokens, 0.5 GiB more
+    for Llama-3.2-1B's MLP). Models whose query, key and value projections do not all have a bias,
+    or all lack one, are not packed.
     """
 
-    def __init__(self, model: Any, *, fused: bool, compiled: bool) -> None:
+    def __init__(self, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> None:
         base = model.model
         config = text_config(model.config)
         self.model, self.base = model, base
@@ -250,9 +345,29 @@ class LeanModel:
         self.compiled = compiled
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.hidden = int(config.hidden_size)
+        attentions = [layer.self_attn for layer in base.layers]
+        #: the query, key and value rows of the packed matrices, or None (not packed)
+        self.split: tuple[int, int, int] | None = None
+        if packed and all(
+            len({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None}) == 1 for a in attentions
+        ):
+            first = attentions[0]
+            self.split = (
+                int(first.q_proj.weight.shape[0]),
+                int(first.k_proj.weight.shape[0]),
+                int(first.v_proj.weight.shape[0]),
+            )
+        #: whether the layers' weights are packed (`pack_rows`)
+        self.packed = self.split is not None
         self.layers: list[_Layer] = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
+            wqkv = bqkv = w_gate_up = None
+            if self.split is not None:  # first: the modules' parameters then are views of these buffers
+                qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+                wqkv = pack_rows(qkv, "weight")
+                bqkv = None if attn.q_proj.bias is None else pack_rows(qkv, "bias")
+                w_gate_up = pack_rows([mlp.gate_proj, mlp.up_proj], "weight")
             self.layers.append(
                 _Layer(
                     attention=attn,
@@ -272,30 +387,34 @@ class LeanModel:
                     w_up=mlp.up_proj.weight,
                     w_down=mlp.down_proj.weight,
                     scaling=float(attn.scaling),
+                    wqkv=wqkv,
+                    bqkv=bqkv,
+                    w_gate_up=w_gate_up,
                 )
             )
         self.attend_prompt = _attention_function()
-        first = self.layers[0]
+        first_layer = self.layers[0]
         #: what the compiled functions specialise on, besides tensor shapes
         self.signature = (
             str(model.dtype),
             self.head_dim,
             fused,
             tuple(sorted({(p.eps_in, p.eps_post) for p in self.layers})),
-            tuple(t is None for t in (first.bq, first.bk, first.bv, first.bo)),
-            tuple(first.wq.shape),
-            tuple(first.wk.shape),
-            tuple(first.w_gate.shape),
+            tuple(t is None for t in (first_layer.bq, first_layer.bk, first_layer.bv, first_layer.bo)),
+            tuple(first_layer.wq.shape),
+            tuple(first_layer.wk.shape),
+            tuple(first_layer.w_gate.shape),
+            self.split,
         )
 
     @classmethod
-    def build(cls, model: Any, *, fused: bool, compiled: bool) -> LeanModel | None:
+    def build(cls, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> LeanModel | None:
         """A `LeanModel` for ``model``, or None (logged) when its layers are not of the supported kind."""
         reason = _reason(model)
         if reason is not None:
             logger.debug("%s runs through transformers' modules: %s", type(model).__name__, reason)
             return None
-        return cls(model, fused=fused, compiled=compiled)
+        return cls(model, fused=fused, compiled=compiled, packed=packed)
 
     def _functions(self, device: torch.device, tokens: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two per-layer functions of a prefill of ``tokens`` tokens: compiled when asked for and worth it."""
@@ -394,14 +513,30 @@ class LeanModel:
         """One decode step of ``token`` (``[B, 1]``) at ``position``; return the next tokens (``[B, 1]``).
 
         Its keys and values go to cache slot ``slot`` of every layer, its queries to query ``index``
-        of ``queries``; ``attend(query, keys, values, mask, scaling)`` is the one-query attention.
+        of ``queries``; ``attend(query, keys, values, mask, scaling)`` is the one-query attention
+        (compiled steps attend with `sdpa_one_query` instead, where torch offers it).
         Every input is a device tensor, so the step can be captured as a CUDA graph and replayed.
         """
         layer = self._decode_layer(token.device)
+        if layer is not decode_layer and _SDPA_GQA:
+            attend = sdpa_one_query
         h = self.base.embed_tokens(token)
         cos, sin = self.base.rotary_emb(h, position_ids=position)
         for i, p in enumerate(self.layers):
             h = layer(
-                h, p, cos, sin, self.head_dim, self.fused, keys[i], values[i], queries[i], slot, index, mask, attend
+                h,
+                p,
+                cos,
+                sin,
+                self.head_dim,
+                self.fused,
+                keys[i],
+                values[i],
+                queries[i],
+                slot,
+                index,
+                mask,
+                attend,
+                self.split,
             )
         return self._logits(h).argmax(-1, keepdim=True)

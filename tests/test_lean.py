@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 from tiny_models import tiny_model
@@ -122,3 +125,96 @@ def test_lean_backend_prefill_equals_the_modules_then_decodes_the_same(smollm, t
         torch.testing.assert_close(layer_a.values, layer_b.values, rtol=0, atol=0)
     params = SamplingParams(max_tokens=8)
     assert lean.generate(compressed, params).token_ids == modules.generate(compressed, params).token_ids
+
+
+def _packed_copy(loaded):
+    """A copy of ``loaded`` whose layers' weights a `LeanModel` packed, with that `LeanModel`."""
+    copied = dataclasses.replace(loaded, model=copy.deepcopy(loaded.model))
+    lean = LeanModel.build(copied.model, fused=True, compiled=False, packed=True)
+    assert lean is not None and lean.packed
+    return copied, lean
+
+
+def _storage_bytes(model) -> int:
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    return sum(storages.values())
+
+
+@pytest.mark.parametrize("kind", ["smollm", "qwen2"])
+def test_packing_keeps_the_values_and_the_memory(smollm, tokenizer, prompt, kind) -> None:
+    loaded = smollm if kind == "smollm" else _tiny("qwen2", tokenizer)
+    ids = torch.tensor([prompt.token_ids])
+    with torch.inference_mode():
+        before = loaded.model(ids).logits
+    values = {name: p.detach().clone() for name, p in loaded.model.named_parameters()}
+    packed, lean = _packed_copy(loaded)
+    model = packed.model
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    assert lean.split == (
+        config.num_attention_heads * head_dim,
+        config.num_key_value_heads * head_dim,
+        config.num_key_value_heads * head_dim,
+    )
+    for name, p in model.named_parameters():
+        assert torch.equal(p, values[name]), name
+    for layer, weights in zip(model.model.layers, lean.layers, strict=True):
+        attn, mlp = layer.self_attn, layer.mlp
+        assert weights.wqkv is not None and weights.w_gate_up is not None
+        assert torch.equal(weights.wqkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+        assert attn.q_proj.weight.data_ptr() == weights.wqkv.data_ptr()  # views of the buffer, not copies
+        assert attn.v_proj.weight.data_ptr() == weights.wqkv[-lean.split[2] :].data_ptr()
+        assert mlp.up_proj.weight.data_ptr() == weights.w_gate_up[config.intermediate_size :].data_ptr()
+        assert (weights.bqkv is None) == (kind == "smollm")
+        if weights.bqkv is not None:
+            assert attn.k_proj.bias.data_ptr() == weights.bqkv[lean.split[0] :].data_ptr()
+    # no parameter is held twice: the storages hold exactly the parameters' bytes
+    assert _storage_bytes(model) == sum(p.numel() * p.element_size() for p in model.parameters())
+    with torch.inference_mode():
+        torch.testing.assert_close(model(ids).logits, before, rtol=0, atol=0)  # the modules see the same weights
+    again = LeanModel.build(model, fused=True, compiled=False, packed=True)
+    assert again is not None and again.layers[0].wqkv.data_ptr() == lean.layers[0].wqkv.data_ptr()  # not repacked
+    unpacked = LeanModel.build(model, fused=True, compiled=False)
+    assert unpacked is not None and not unpacked.packed and unpacked.layers[0].wqkv is None
+
+
+def test_packed_weights_follow_loaded_state_and_save(tokenizer, prompt, tmp_path) -> None:
+    loaded, lean = _packed_copy(_tiny("qwen2", tokenizer))
+    model = loaded.model
+    model.load_state_dict({name: t * 1.5 for name, t in model.state_dict().items()})  # copied into the views
+    attn = model.model.layers[2].self_attn
+    assert torch.equal(lean.layers[2].wqkv, torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
+    assert torch.equal(lean.layers[2].bqkv, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+    ids = torch.tensor([prompt.token_ids[:64]])
+    model.save_pretrained(tmp_path)
+    reloaded = type(model).from_pretrained(tmp_path).eval()
+    with torch.inference_mode():
+        torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
+
+
+def test_projections_with_and_without_biases_are_not_packed(tokenizer) -> None:
+    loaded = _tiny("qwen2", tokenizer)
+    loaded.model.model.layers[1].self_attn.v_proj.bias = None  # one layer's is enough
+    lean = LeanModel.build(loaded.model, fused=True, compiled=False, packed=True)
+    assert lean is not None and not lean.packed and lean.layers[0].wqkv is None
+
+
+@pytest.mark.parametrize("kind", ["smollm", "qwen2"])
+def test_packed_scoring_and_prefill_match_the_unpacked(smollm, tokenizer, prompt, kind) -> None:
+    loaded = smollm if kind == "smollm" else _tiny("qwen2", tokenizer)
+    packed, lean = _packed_copy(loaded)
+    plain = DraftAttentionScorer(loaded, look_ahead=8)
+    scorer = DraftAttentionScorer(packed, look_ahead=8)
+    scorer._lean = lean
+    a, b = scorer.score(prompt), plain.score(prompt)
+    assert a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"]
+    # the decode steps multiply by the packed buffers: one product may sum in another order than three
+    torch.testing.assert_close(a.values, b.values, rtol=1e-3, atol=1e-6 * float(b.values.max()))
+    backend, reference = TransformersBackend(packed), TransformersBackend(loaded)
+    backend._lean = lean
+    keep = tuple(sorted({*range(0, prompt.n, 2), prompt.n - 1}))
+    compressed = CompressedPrompt.from_selection(prompt, Selection(keep, prompt.n, (False,) * len(keep)))
+    x, y = backend.prefill(compressed), reference.prefill(compressed)
+    torch.testing.assert_close(x.logits, y.logits, rtol=2e-2, atol=2e-2)
+    params = SamplingParams(max_tokens=8)
+    assert backend.generate(compressed, params).token_ids == reference.generate(compressed, params).token_ids
