@@ -115,6 +115,12 @@ def pack_rows(modules: list[torch.nn.Module], name: str) -> torch.Tensor:
     return buffer
 
 
+def _packed_modules(layer: Any) -> list[torch.nn.Module]:
+    """A decoder layer's projections whose weights `LeanModel` packs: q, k, v, gate, up."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """Llama's RMSNorm: fused (`specprefill_sdk._norms`) or as transformers writes it."""
     if fused:
@@ -334,7 +340,9 @@ class LeanModel:
     products' in the last bits at most. Prefills keep one product per projection: the output of a
     packed product stays allocated, whole, until its last part is used (at 32K tokens, 0.5 GiB more
     for Llama-3.2-1B's MLP). Models whose query, key and value projections do not all have a bias,
-    or all lack one, are not packed.
+    or all lack one, and models whose weights are on several devices or dtypes (or not materialised),
+    are not packed. A model shared by several of them is packed once: the later ones find its
+    buffers.
     """
 
     def __init__(self, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> None:
@@ -348,8 +356,12 @@ class LeanModel:
         attentions = [layer.self_attn for layer in base.layers]
         #: the query, key and value rows of the packed matrices, or None (not packed)
         self.split: tuple[int, int, int] | None = None
-        if packed and all(
-            len({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None}) == 1 for a in attentions
+        weights = [m.weight for layer in base.layers for m in _packed_modules(layer)]
+        if (
+            packed
+            and all(len({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None}) == 1 for a in attentions)
+            and len({(w.device, w.dtype) for w in weights}) == 1
+            and not weights[0].is_meta
         ):
             first = attentions[0]
             self.split = (

@@ -100,12 +100,13 @@ def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt, caplog)
     compiled = DraftAttentionScorer(smollm, look_ahead=4, compile=True)
     assert "compile=True has no effect on cpu" in caplog.text
     assert compiled.compile and compiled._lean is not None and not compiled._lean.compiled
+    assert not compiled._lean.packed  # packing goes with compiled steps only
     plain = DraftAttentionScorer(smollm, look_ahead=4)
     torch.testing.assert_close(compiled.score(prompt).values, plain.score(prompt).values, rtol=0, atol=0)
     assert compiled.with_options(look_ahead=2).compile
     caplog.clear()
     backend = TransformersBackend(smollm, compile=True)
-    assert backend._lean is not None and not backend._lean.compiled
+    assert backend._lean is not None and not backend._lean.compiled and not backend._lean.packed
     assert "the backend's passes run uncompiled" in caplog.text
 
 
@@ -192,11 +193,17 @@ def test_packed_weights_follow_loaded_state_and_save(tokenizer, prompt, tmp_path
         torch.testing.assert_close(reloaded(ids).logits, model(ids).logits, rtol=0, atol=0)
 
 
-def test_projections_with_and_without_biases_are_not_packed(tokenizer) -> None:
+def test_models_that_cannot_be_packed_are_left_as_they_are(tokenizer) -> None:
     loaded = _tiny("qwen2", tokenizer)
     loaded.model.model.layers[1].self_attn.v_proj.bias = None  # one layer's is enough
     lean = LeanModel.build(loaded.model, fused=True, compiled=False, packed=True)
     assert lean is not None and not lean.packed and lean.layers[0].wqkv is None
+    mixed = _tiny("qwen2", tokenizer)
+    mlp = mixed.model.model.layers[0].mlp
+    mlp.up_proj.weight = torch.nn.Parameter(mlp.up_proj.weight.detach().double())
+    before = mlp.up_proj.weight
+    lean = LeanModel.build(mixed.model, fused=True, compiled=False, packed=True)
+    assert lean is not None and not lean.packed and mlp.up_proj.weight is before
 
 
 @pytest.mark.parametrize("kind", ["smollm", "qwen2"])

@@ -154,6 +154,10 @@ class TransformersBackend(BackendBase):
         compile: with ``lean`` on a CUDA device, also fuse each layer's element-wise work in that
             prefill with `torch.compile` (the first prefill compiles, once per process; tens of
             seconds). Element-wise chains are then rounded once, so results differ in the last bits.
+            As with `DraftAttentionScorer`'s ``compile``, each layer's query/key/value and gate/up
+            weights are stored in one buffer per layer, in place (the parameters become views of
+            it: same values, no memory added), so that a scorer sharing this model finds them
+            packed and holds no second copy.
 
     Example::
 
@@ -206,10 +210,11 @@ class TransformersBackend(BackendBase):
         self._eos = frozenset(self.loaded.eos_token_ids)
         self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
         self.lean, self.compile = bool(lean), bool(compile)
-        if self.compile and self.device.type != "cuda":
+        compiled = self.compile and self.device.type == "cuda"
+        if self.compile and not compiled:
             logger.info("compile=True has no effect on %s: the backend's passes run uncompiled", self.device)
         self._lean = (
-            LeanModel.build(net, fused=self.fused_norms, compiled=self.compile and self.device.type == "cuda")
+            LeanModel.build(net, fused=self.fused_norms, compiled=compiled, packed=compiled)
             if self.lean and not self._pass_cache_position
             else None
         )
