@@ -9,11 +9,12 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from specprefill_sdk._lean import LeanModel
+from specprefill_sdk._lean import LeanModel, sdpa_one_query
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.scoring._attention_hook import QueryRecorder
 from specprefill_sdk.types import CompressedPrompt, SamplingParams, Selection
 
 pytestmark = pytest.mark.slow
@@ -222,6 +223,32 @@ def test_packed_scoring_and_prefill_match_the_unpacked(smollm, tokenizer, prompt
     keep = tuple(sorted({*range(0, prompt.n, 2), prompt.n - 1}))
     compressed = CompressedPrompt.from_selection(prompt, Selection(keep, prompt.n, (False,) * len(keep)))
     x, y = backend.prefill(compressed), reference.prefill(compressed)
-    torch.testing.assert_close(x.logits, y.logits, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(x.logits, y.logits, rtol=0, atol=0)  # prefills multiply by the views, as before
     params = SamplingParams(max_tokens=8)
     assert backend.generate(compressed, params).token_ids == reference.generate(compressed, params).token_ids
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sdpa_one_query_attends_like_the_recorder(dtype) -> None:
+    """The compiled step's attention (CUDA only in the scorer) against `QueryRecorder.attend`, here on CPU."""
+    gen = torch.Generator().manual_seed(3)
+    batch, heads, kv_heads, slots, dim = 2, 8, 2, 4096, 16
+    query = torch.randn(batch, heads, 1, dim, generator=gen).to(dtype)
+    keys = torch.randn(batch, kv_heads, slots, dim, generator=gen).to(dtype)
+    values = torch.randn(batch, kv_heads, slots, dim, generator=gen).to(dtype)
+    visible = torch.zeros(batch, slots, dtype=torch.bool)
+    visible[0, :3000] = True
+    visible[1, 100:2000] = True  # left padding and unwritten slots are masked
+    mask = torch.zeros(batch, 1, 1, slots, dtype=dtype).masked_fill(~visible[:, None, None, :], torch.finfo(dtype).min)
+    got = sdpa_one_query(query, keys, values, mask, 0.3)
+    want = QueryRecorder.attend(query, keys, values, mask, 0.3)
+    assert got.shape == want.shape == (batch, 1, heads, dim)
+    exact = torch.softmax(
+        (query.double() @ keys.double().repeat_interleave(heads // kv_heads, 1).transpose(-1, -2)) * 0.3
+        + mask.double().clamp(min=-1e30),
+        dim=-1,
+    ) @ values.double().repeat_interleave(heads // kv_heads, 1)
+    exact = exact.transpose(1, 2)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # outputs up to about 0.3; a lost mask is off by 0.1
+    torch.testing.assert_close(got.double(), exact, rtol=0, atol=tolerance)
+    torch.testing.assert_close(want.double(), exact, rtol=0, atol=tolerance)
