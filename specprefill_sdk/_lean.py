@@ -241,11 +241,12 @@ def sdpa_one_query(
 ) -> torch.Tensor:
     """One-query attention over fixed buffers by SDPA (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
 
-    The compiled decode step's attention: inside a compiled step, torch's fused kernel costs about the
-    same whatever the buffer's length, where `QueryRecorder.attend`'s products and softmax grow with
-    it. With both, a compiled step of Llama-3.2-1B on an H200 took 1.30 ms at 4K tokens and 1.52 ms
-    at 32K (benchmarks/results/lean_gpu_h200.md); in float32 its scores were within 4.6e-6 (of the
-    largest score) of the slow reference's (exactness_gpu_h200.md).
+    The compiled decode step's attention, in place of `QueryRecorder.attend`'s two products and
+    softmax. On an H200 a compiled step of Llama-3.2-1B took 1.30 ms at 4K tokens and 1.52 ms at 32K
+    with packed weights and this attention, where the steps that attend with `QueryRecorder.attend`
+    grew by 0.65-0.73 ms over the same lengths (benchmarks/results/lean_gpu_h200.md); in float32 the
+    compiled scores were within 4.6e-6 (of the largest score) of the slow reference's
+    (exactness_gpu_h200.md).
     """
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)
