@@ -121,6 +121,23 @@ def _packed_modules(layer: Any) -> list[torch.nn.Module]:
     return [attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj]
 
 
+def _packed_split(layers: Any) -> tuple[int, int, int] | None:
+    """The query, key and value rows of the decoder ``layers``' packed matrices, or None: not packable.
+
+    Packable: in every layer the query, key and value projections all have biases or all lack them,
+    and every weight to pack is materialised on one device in one dtype.
+    """
+    attentions = [layer.self_attn for layer in layers]
+    weights = [m.weight for layer in layers for m in _packed_modules(layer)]
+    biases = ({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None} for a in attentions)
+    if any(len(kinds) > 1 for kinds in biases) or len({(w.device, w.dtype) for w in weights}) > 1:
+        return None
+    if weights[0].is_meta:
+        return None
+    first = attentions[0]
+    return (int(first.q_proj.weight.shape[0]), int(first.k_proj.weight.shape[0]), int(first.v_proj.weight.shape[0]))
+
+
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
     """Llama's RMSNorm: fused (`specprefill_sdk._norms`) or as transformers writes it."""
     if fused:
@@ -354,24 +371,8 @@ class LeanModel:
         self.compiled = compiled
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.hidden = int(config.hidden_size)
-        attentions = [layer.self_attn for layer in base.layers]
         #: the query, key and value rows of the packed matrices, or None (not packed)
-        self.split: tuple[int, int, int] | None = None
-        weights = [m.weight for layer in base.layers for m in _packed_modules(layer)]
-        if (
-            packed
-            and all(len({a.q_proj.bias is None, a.k_proj.bias is None, a.v_proj.bias is None}) == 1 for a in attentions)
-            and len({(w.device, w.dtype) for w in weights}) == 1
-            and not weights[0].is_meta
-        ):
-            first = attentions[0]
-            self.split = (
-                int(first.q_proj.weight.shape[0]),
-                int(first.k_proj.weight.shape[0]),
-                int(first.v_proj.weight.shape[0]),
-            )
-        #: whether the layers' weights are packed (`pack_rows`)
-        self.packed = self.split is not None
+        self.split = _packed_split(base.layers) if packed else None
         self.layers: list[_Layer] = []
         for layer in base.layers:
             attn, mlp = layer.self_attn, layer.mlp
@@ -419,6 +420,11 @@ class LeanModel:
             tuple(first_layer.w_gate.shape),
             self.split,
         )
+
+    @property
+    def packed(self) -> bool:
+        """Whether the layers' weights are packed (`pack_rows`)."""
+        return self.split is not None
 
     @classmethod
     def build(cls, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> LeanModel | None:
