@@ -6,8 +6,9 @@ tokenization of the prompt, 0-based; ``n`` is always the original prompt length.
 
 from __future__ import annotations
 
-import itertools
+import array
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -29,6 +30,23 @@ __all__ = [
     "TokenScores",
     "Usage",
 ]
+
+
+def int64_tensor(values: Sequence[int]) -> torch.Tensor:
+    """``torch.tensor(values, dtype=torch.long)`` for a sequence of ints, several times faster when long.
+
+    Token ids and positions cross from Python to torch on every request; for a few thousand of them
+    `torch.tensor` reads each element on its own, while this goes through one C array.
+    """
+    if not values:
+        return torch.zeros(0, dtype=torch.long)
+    return torch.frombuffer(array.array("q", values), dtype=torch.long)
+
+
+def _increasing(values: Sequence[int]) -> bool:
+    """Whether ``values`` is strictly increasing (compared in C: no Python frame per element)."""
+    return not any(map(operator.ge, values, values[1:]))
+
 
 FinishReason = Literal["stop", "length"]
 
@@ -111,7 +129,7 @@ class Prompt:
     @classmethod
     def from_token_ids(cls, token_ids: Sequence[int], *, text: str = "") -> Prompt:
         """A prompt made of bare token ids (no text offsets, no roles)."""
-        ids = tuple(int(t) for t in token_ids)
+        ids = tuple(map(int, token_ids))
         n = len(ids)
         return cls(
             token_ids=ids,
@@ -133,7 +151,7 @@ class Prompt:
 
     def ids_tensor(self) -> torch.Tensor:
         """The token ids as a 1-D int64 tensor."""
-        return torch.tensor(self.token_ids, dtype=torch.long)
+        return int64_tensor(self.token_ids)
 
 
 @dataclass(frozen=True)
@@ -175,7 +193,7 @@ class Selection:
     def __post_init__(self) -> None:
         if len(self.protected) != len(self.indices):
             raise ValueError("Selection.protected must have one entry per kept index")
-        if any(b <= a for a, b in zip(self.indices, self.indices[1:], strict=False)):
+        if not _increasing(self.indices):
             raise ValueError("Selection.indices must be strictly increasing")
         if self.indices and not (self.indices[0] >= 0 and self.indices[-1] < self.n):
             raise ValueError(f"Selection.indices must lie in [0, {self.n})")
@@ -229,7 +247,7 @@ class CompressedPrompt:
         if not self.token_ids:
             raise InvalidRequestError("the compressed prompt is empty", param="prompt_token_ids")
         pos = self.position_ids
-        if pos[0] < 0 or any(b <= a for a, b in itertools.pairwise(pos)):
+        if pos[0] < 0 or not _increasing(pos):
             raise InvalidRequestError("position_ids must be non-negative and strictly increasing", param="position_ids")
         if pos[-1] >= self.n:
             raise InvalidRequestError(f"position_ids must be below n={self.n}", param="position_ids")
@@ -238,7 +256,10 @@ class CompressedPrompt:
     def from_selection(cls, prompt: Prompt, selection: Selection) -> CompressedPrompt:
         if selection.n != prompt.n:
             raise ValueError(f"selection is for {selection.n} tokens, prompt has {prompt.n}")
-        ids = tuple(prompt.token_ids[i] for i in selection.indices)
+        picked = selection.indices
+        ids: tuple[int, ...] = tuple(prompt.token_ids[i] for i in picked)[:1]
+        if len(picked) > 1:  # several indices: itemgetter builds the tuple in C
+            ids = operator.itemgetter(*picked)(prompt.token_ids)
         return cls(token_ids=ids, position_ids=selection.indices, n=prompt.n, prompt=prompt, selection=selection)
 
     @classmethod

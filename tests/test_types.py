@@ -14,6 +14,7 @@ from specprefill_sdk import (
     Selection,
     TokenScores,
 )
+from specprefill_sdk.types import int64_tensor
 
 
 def test_selection_keep_all_and_ratio() -> None:
@@ -24,7 +25,7 @@ def test_selection_keep_all_and_ratio() -> None:
     assert part.mask().tolist() == [True, False, False, True, False, False, False, False]
 
 
-@pytest.mark.parametrize("indices", [(3, 1), (1, 1), (0, 9)])
+@pytest.mark.parametrize("indices", [(3, 1), (1, 1), (0, 9), (0, 2, 4, 4, 7), (0, 5, 3, 6)])
 def test_selection_rejects_unsorted_or_out_of_range(indices: tuple[int, ...]) -> None:
     with pytest.raises(ValueError):
         Selection(indices=indices, n=9, protected=(False,) * len(indices))
@@ -39,9 +40,29 @@ def test_compressed_prompt_from_selection_keeps_original_positions() -> None:
     assert cp.n == 6 and cp.kept == 3 and not cp.is_dense
 
 
+def test_compressed_prompt_from_selection_of_one_token() -> None:
+    prompt = Prompt.from_token_ids([10, 11, 12])
+    cp = CompressedPrompt.from_selection(prompt, Selection(indices=(1,), n=3, protected=(False,)))
+    assert cp.token_ids == (11,) and cp.position_ids == (1,)
+
+
+@pytest.mark.parametrize("values", [(), (0,), (5, -3, 2**62, 128255), list(range(4096))])
+def test_int64_tensor_equals_torch_tensor(values: tuple[int, ...] | list[int]) -> None:
+    got = int64_tensor(values)
+    assert got.dtype == torch.long and got.shape == (len(values),)
+    assert torch.equal(got, torch.tensor(values, dtype=torch.long))
+
+
 @pytest.mark.parametrize(
     ("ids", "pos", "n"),
-    [((1, 2), (0,), 5), ((1, 2), (2, 1), 5), ((1, 2), (0, 5), 5), ((), (), 3), ((1,), (-1,), 3)],
+    [
+        ((1, 2), (0,), 5),
+        ((1, 2), (2, 1), 5),
+        ((1, 2), (0, 5), 5),
+        ((), (), 3),
+        ((1,), (-1,), 3),
+        ((1, 2, 3), (0, 4, 4), 5),
+    ],
 )
 def test_compressed_prompt_validates_positions(ids: tuple[int, ...], pos: tuple[int, ...], n: int) -> None:
     with pytest.raises(InvalidRequestError):

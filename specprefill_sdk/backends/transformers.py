@@ -31,7 +31,16 @@ from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
-from ..types import Completion, CompletionChunk, CompressedPrompt, FinishReason, SamplingParams, Timings, Usage
+from ..types import (
+    Completion,
+    CompletionChunk,
+    CompressedPrompt,
+    FinishReason,
+    SamplingParams,
+    Timings,
+    Usage,
+    int64_tensor,
+)
 from ._detok import TextAssembler
 from ._sampling import TokenSampler
 from .base import BackendBase
@@ -400,7 +409,7 @@ class TransformersBackend(BackendBase):
         if state is None:
             state = self.new_state()
         cached = state.cached_tokens()
-        for pos, tok in zip(prompt.position_ids, prompt.token_ids, strict=True):
+        for pos, tok in zip(prompt.position_ids, prompt.token_ids, strict=True) if cached else ():
             if pos in cached and cached[pos] != tok:
                 raise InvalidRequestError(f"the cache holds token {cached[pos]} at position {pos}, the prompt {tok}")
         last = prompt.position_ids[-1]
@@ -411,16 +420,20 @@ class TransformersBackend(BackendBase):
         if last in cached:
             self.evict_positions(state, [last])
             cached.pop(last)
-        new = [(p, t) for p, t in zip(prompt.position_ids, prompt.token_ids, strict=True) if p not in cached]
-        state.last_prefilled = len(new)
+        if cached:
+            new = [(p, t) for p, t in zip(prompt.position_ids, prompt.token_ids, strict=True) if p not in cached]
+            new_pos, new_ids = int64_tensor([p for p, _ in new]), int64_tensor([t for _, t in new])
+        else:  # a fresh state: every kept token is new
+            new_pos, new_ids = int64_tensor(prompt.position_ids), int64_tensor(prompt.token_ids)
+        count = int(new_pos.shape[0])
+        state.last_prefilled = count
         logits: torch.Tensor | None = None
-        kpos = torch.cat([state.positions, torch.tensor([[p for p, _ in new]], dtype=torch.long)], dim=1)
-        kvalid = torch.cat([state.valid, torch.ones(1, len(new), dtype=torch.bool)], dim=1)
+        kpos = torch.cat([state.positions, new_pos[None]], dim=1)
+        kvalid = torch.cat([state.valid, torch.ones(1, count, dtype=torch.bool)], dim=1)
         chunk = self.unmasked_chunk if self._slot_order(kpos, kvalid) else self.prefill_chunk
-        for start in range(0, len(new), chunk):
-            part = new[start : start + chunk]
-            ids = torch.tensor([[t for _, t in part]], dtype=torch.long)
-            qpos = torch.tensor([[p for p, _ in part]], dtype=torch.long)
+        for start in range(0, count, chunk):
+            ids = new_ids[None, start : start + chunk]
+            qpos = new_pos[None, start : start + chunk]
             logits = self._forward(state, ids, qpos, torch.ones_like(qpos, dtype=torch.bool))
         state.logits = logits
         state.next_positions = [prompt.n]
@@ -433,8 +446,8 @@ class TransformersBackend(BackendBase):
         pos = torch.zeros(len(prompts), width, dtype=torch.long)
         valid = torch.zeros(len(prompts), width, dtype=torch.bool)
         for b, p in enumerate(prompts):
-            ids[b, width - p.kept :] = torch.tensor(p.token_ids)
-            pos[b, width - p.kept :] = torch.tensor(p.position_ids)
+            ids[b, width - p.kept :] = int64_tensor(p.token_ids)
+            pos[b, width - p.kept :] = int64_tensor(p.position_ids)
             valid[b, width - p.kept :] = True
         state = self.new_state(len(prompts))
         logits: torch.Tensor | None = None

@@ -31,7 +31,7 @@ from .._lean import LeanModel
 from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
-from ..types import Prompt, TokenScores
+from ..types import Prompt, TokenScores, int64_tensor
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
 from ._lookahead import StaticLookAhead, supports_static_look_ahead
@@ -382,9 +382,12 @@ class DraftAttentionScorer:
         lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.long, device=device)
         size, width = len(batch), int(lengths.max())
         pad = width - lengths
-        input_ids = torch.zeros(size, width, dtype=torch.long, device=device)
-        for b, ids in enumerate(batch):
-            input_ids[b, width - len(ids) :] = torch.tensor(ids, dtype=torch.long, device=device)
+        if size == 1:
+            input_ids = int64_tensor(batch[0]).to(device)[None]
+        else:
+            input_ids = torch.zeros(size, width, dtype=torch.long, device=device)
+            for b, ids in enumerate(batch):
+                input_ids[b, width - len(ids) :] = int64_tensor(ids).to(device)
         # One prompt needs no mask (the plain causal path); a batch is left-padded with explicit
         # positions so that every row sees exactly what it would see alone.
         attention_mask: torch.Tensor | None = None
