@@ -269,6 +269,19 @@ def sdpa_one_query(
     return out.transpose(1, 2)
 
 
+def greedy_token(
+    h: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, head_bias: torch.Tensor | None, fused: bool
+) -> torch.Tensor:
+    """The greedy next tokens (``[B, 1]``) from the last layer's output ``h`` (``[B, S, D]``) at its last position.
+
+    The final norm, the output head and the argmax. A compiled decode step runs it as one function, so
+    that the norm and the argmax over the vocabulary become one fused kernel each (eagerly, the
+    argmax of Llama-3.2-1B's 128,256 logits is a 36 us kernel of its own on an H200).
+    """
+    logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
+    return logits[:, -1].argmax(-1, keepdim=True)
+
+
 def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
     """``fn`` with a code object of its own: `torch.compile` keeps its compiled variants per code object."""
     code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
@@ -451,6 +464,12 @@ class LeanModel:
         with _compile_lock:
             return _compiled(decode_layer, self.signature, None)
 
+    def _greedy(self, device: torch.device) -> Callable[..., torch.Tensor]:
+        if not (self.compiled and device.type == "cuda"):
+            return greedy_token
+        with _compile_lock:
+            return _compiled(greedy_token, self.signature, None)
+
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         """The logits (``[B, vocab]``) of the last layer's output ``h`` for one position (``[B, 1, D]``)."""
         norm = self.base.norm
@@ -558,4 +577,6 @@ class LeanModel:
                 attend,
                 self.split,
             )
-        return self._logits(h).argmax(-1, keepdim=True)
+        norm, head = self.base.norm, self.model.lm_head
+        greedy = self._greedy(token.device)
+        return greedy(h, norm.weight, float(norm.variance_epsilon), head.weight, head.bias, self.fused)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from specprefill_sdk._lean import LeanModel, sdpa_one_query
+from specprefill_sdk._lean import LeanModel, greedy_token, sdpa_one_query
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt
@@ -252,3 +252,16 @@ def test_sdpa_one_query_attends_like_the_recorder(dtype) -> None:
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2  # outputs up to about 0.3; a lost mask is off by 0.1
     torch.testing.assert_close(got.double(), exact, rtol=0, atol=tolerance)
     torch.testing.assert_close(want.double(), exact, rtol=0, atol=tolerance)
+
+
+@pytest.mark.parametrize("kind", ["smollm", "qwen2"])
+def test_greedy_token_is_the_argmax_of_the_logits(smollm, tokenizer, kind) -> None:
+    loaded = smollm if kind == "smollm" else _tiny(kind, tokenizer)
+    lean = LeanModel.build(loaded.model, fused=True, compiled=False)
+    assert lean is not None
+    torch.manual_seed(0)
+    h = torch.randn(3, 2, lean.hidden, dtype=loaded.model.dtype)
+    norm, head = lean.base.norm, loaded.model.lm_head
+    got = greedy_token(h, norm.weight, float(norm.variance_epsilon), head.weight, head.bias, True)
+    assert got.shape == (3, 1)
+    assert torch.equal(got, lean._logits(h).argmax(-1, keepdim=True))
