@@ -42,9 +42,10 @@ _MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 _compile_lock = threading.Lock()
 #: a prefill whose hidden states (tokens x hidden size) have fewer elements runs its compiled functions
 #: no faster than the plain ones: on an H200 the compiled functions' own host work per call outweighs
-#: what they save (benchmarks/results/lean_gpu_h200*.md; Llama-3.1-8B, 409 kept tokens: 17.8 ms
-#: compiled, 14.2 ms plain, 1228 tokens: 32.1 and 34.1 ms; Qwen2.5-0.5B, 4096 tokens: 16.4 and 12.5 ms;
-#: Llama-3.2-1B, 4096 tokens: 18.3 and 19.8 ms)
+#: what they save (benchmarks/results/lean_gpu_h200_targets.md: Llama-3.1-8B, 409 kept tokens: 17.8 ms
+#: compiled, 14.2 ms plain, 1228 tokens: 32.1 and 34.1 ms; Qwen2.5-0.5B, 4096 tokens, in the run that set
+#: this threshold (lean_gpu_h200.md's history): 16.4 and 12.5 ms; lean_gpu_h200.md now: Llama-3.2-1B,
+#: 4096 tokens, above the threshold: 18.3 ms compiled, 19.4 ms plain)
 COMPILE_MIN_ELEMENTS = 1 << 22
 
 
@@ -259,9 +260,9 @@ def sdpa_one_query(
     """One-query attention over fixed buffers by SDPA (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
 
     The compiled decode step's attention, in place of `QueryRecorder.attend`'s two products and
-    softmax. On an H200 a compiled step of Llama-3.2-1B took 1.30 ms at 4K tokens and 1.52 ms at 32K
+    softmax. On an H200 a compiled step of Llama-3.2-1B took 1.25 ms at 4K tokens and 1.52 ms at 32K
     with packed weights and this attention, where the steps that attend with `QueryRecorder.attend`
-    grew by 0.65-0.73 ms over the same lengths (benchmarks/results/lean_gpu_h200.md); in float32 the
+    grew by 0.65-0.72 ms over the same lengths (benchmarks/results/lean_gpu_h200.md); in float32 the
     compiled scores were within 4.6e-6 (of the largest score) of the slow reference's
     (exactness_gpu_h200.md).
     """
@@ -275,8 +276,8 @@ def greedy_token(
     """The greedy next tokens (``[B, 1]``) from the last layer's output ``h`` (``[B, S, D]``) at its last position.
 
     The final norm, the output head and the argmax. A compiled decode step runs it as one function, so
-    that the norm and the argmax over the vocabulary become one fused kernel each (eagerly, the
-    argmax of Llama-3.2-1B's 128,256 logits is a 36 us kernel of its own on an H200).
+    that the norm and the argmax over the vocabulary become one fused kernel each (eagerly they are
+    several kernels of their own after the layers).
     """
     logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
     return logits[:, -1].argmax(-1, keepdim=True)
