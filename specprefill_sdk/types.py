@@ -257,9 +257,10 @@ class CompressedPrompt:
         if selection.n != prompt.n:
             raise ValueError(f"selection is for {selection.n} tokens, prompt has {prompt.n}")
         picked = selection.indices
-        ids: tuple[int, ...] = tuple(prompt.token_ids[i] for i in picked)[:1]
-        if len(picked) > 1:  # several indices: itemgetter builds the tuple in C
-            ids = operator.itemgetter(*picked)(prompt.token_ids)
+        if len(picked) > 1:  # itemgetter of several indices builds the tuple in C
+            ids: tuple[int, ...] = operator.itemgetter(*picked)(prompt.token_ids)
+        else:
+            ids = tuple(prompt.token_ids[i] for i in picked)
         return cls(token_ids=ids, position_ids=selection.indices, n=prompt.n, prompt=prompt, selection=selection)
 
     @classmethod

@@ -409,9 +409,12 @@ class TransformersBackend(BackendBase):
         if state is None:
             state = self.new_state()
         cached = state.cached_tokens()
-        for pos, tok in zip(prompt.position_ids, prompt.token_ids, strict=True) if cached else ():
-            if pos in cached and cached[pos] != tok:
-                raise InvalidRequestError(f"the cache holds token {cached[pos]} at position {pos}, the prompt {tok}")
+        if cached:  # a fresh state has nothing to disagree with
+            for pos, tok in zip(prompt.position_ids, prompt.token_ids, strict=True):
+                if pos in cached and cached[pos] != tok:
+                    raise InvalidRequestError(
+                        f"the cache holds token {cached[pos]} at position {pos}, the prompt {tok}"
+                    )
         last = prompt.position_ids[-1]
         if cached and max(cached) > last:
             raise InvalidRequestError(
