@@ -44,6 +44,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
             str(MAX_PROMPT_TOKENS),
             "--max-output-tokens",
             str(MAX_OUTPUT_TOKENS),
+            "--warmup-tokens",
+            "256",
         ],
         log,
     )
@@ -72,6 +74,25 @@ def _sp(resp: Any) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- the openai client
+def test_the_server_warmed_up_before_it_answered(server: ServerProcess) -> None:
+    warmup = httpx.get(f"{server.base}/health", timeout=30).json()["warmup"]
+    assert warmup is not None and 200 <= warmup["prompt_tokens"] <= 256
+    assert 0 < warmup["kept_tokens"] < warmup["prompt_tokens"] and warmup["seconds"] > 0
+
+
+def test_serve_refuses_a_negative_warm_up() -> None:
+    import argparse
+
+    from specprefill_sdk.server.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args([]).warmup_tokens is None
+    assert parser.parse_args(["--warmup-tokens", "0"]).warmup_tokens == 0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--warmup-tokens", "-5"])
+
+
 def test_models_advertise_the_specprefill_capability(client: openai.OpenAI, server: ServerProcess) -> None:
     models = client.models.list()
     assert [m.id for m in models.data] == [MODEL]

@@ -221,3 +221,45 @@ def test_schemathesis_finds_no_server_error(fuzz_schema: Any, method: str, path:
     run()
     print(f"{method} {path} {mode}: statuses {sorted(Counter(seen).items())}")
     assert seen
+
+
+# ----------------------------------------------------------------------------- warm-up
+def test_warm_up_serves_one_prompt_within_the_limits_and_records_no_telemetry(backend: Any, caplog: Any) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from specprefill_sdk.server import create_app
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with caplog.at_level("INFO", logger="specprefill_sdk.server.engine"):
+        app = create_app(backend=backend, policy="paper", tracer_provider=provider, warmup_tokens=300)
+    done = app.state.engine.warmed_up
+    assert done is not None and 250 <= done.prompt_tokens <= 300
+    assert 0 < done.kept_tokens < done.prompt_tokens and done.seconds > 0
+    assert f"warmed up on a {done.prompt_tokens}-token prompt" in caplog.text
+    assert exporter.get_finished_spans() == ()  # the warm-up is no request
+    with serve_in_thread(app) as base:
+        health = httpx.get(f"{base}/health", timeout=30).json()
+        assert health["warmup"]["prompt_tokens"] == done.prompt_tokens
+        response = httpx.post(f"{base}/v1/completions", timeout=300, json={"prompt": "Hello", "max_tokens": 2})
+        assert response.status_code == 200
+    # max_prompt_tokens bounds the warm-up prompt too
+    small = create_app(backend=backend, policy="paper", max_prompt_tokens=40, warmup_tokens=300)
+    assert small.state.engine.warmed_up.prompt_tokens <= 40
+
+
+def test_warm_up_is_off_by_default_on_cpu_and_refuses_bad_values(backend: Any) -> None:
+    from specprefill_sdk import InvalidRequestError, SpecPrefillError
+    from specprefill_sdk.server import create_app
+
+    app = create_app(backend=backend, policy="paper", compile=True)  # compile changes nothing on a CPU
+    assert app.state.engine.warmed_up is None
+    for bad in (-1, 2.5, True):
+        with pytest.raises(InvalidRequestError, match="warmup_tokens"):
+            create_app(backend=backend, policy="paper", warmup_tokens=bad)  # type: ignore[arg-type]
+    with pytest.raises(SpecPrefillError, match="the warm-up request failed: RuntimeError: draft exploded") as info:
+        create_app(backend=backend, scorer=ExplodingDraft(), policy="paper", warmup_tokens=300)
+    assert info.value.code == "warmup_failed"

@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_STRATEGY", "DEFAULT_SESSION_TTL", "create_app"]
+__all__ = [
+    "DEFAULT_MAX_SESSIONS",
+    "DEFAULT_SESSION_STRATEGY",
+    "DEFAULT_SESSION_TTL",
+    "DEFAULT_WARMUP_TOKENS",
+    "create_app",
+]
 
 #: Seconds a conversation kept on the server may stay idle before it expires (``--session-ttl``).
 DEFAULT_SESSION_TTL = 600.0
@@ -18,6 +24,10 @@ DEFAULT_SESSION_TTL = 600.0
 DEFAULT_MAX_SESSIONS = 32
 #: The strategy of a conversation whose first request names none (``--session-strategy``).
 DEFAULT_SESSION_STRATEGY = "incremental"
+#: The warm-up prompt's length when compiling on a GPU (``--warmup-tokens``): long enough that the
+#: draft's prefill and the target's whole prefill of it run their compiled passes (which start at 4M
+#: hidden-state elements: 1024 tokens of a 4096-wide model, 4096 of a 1024-wide one).
+DEFAULT_WARMUP_TOKENS = 4096
 
 
 def __getattr__(name: str) -> Any:

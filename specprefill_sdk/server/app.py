@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -32,11 +33,11 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..conversation import STRATEGIES
-from ..errors import SpecPrefillError
+from ..errors import InvalidRequestError, SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
 from ..types import Completion, Prompt
-from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
 from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import GuardMiddleware
@@ -61,6 +62,7 @@ from .schemas import (
     TokenizeRequest,
     TokenizeResponse,
     UsageInfo,
+    WarmUpReport,
 )
 from .sessions import key_owner, new_conversation_id
 
@@ -114,6 +116,7 @@ def create_app(
     max_sessions: int = DEFAULT_MAX_SESSIONS,
     default_strategy: str = DEFAULT_SESSION_STRATEGY,
     compile: bool = False,
+    warmup_tokens: int | None = None,
 ) -> FastAPI:
     """Build the server application around one loaded target and one draft scorer.
 
@@ -135,12 +138,24 @@ def create_app(
             new one; 0: conversations are not served).
         default_strategy: the strategy of a conversation whose first request names none.
         compile: build the backend and the draft scorer with ``compile=True`` (CUDA only; see
-            `DraftAttentionScorer`): the first long requests compile, once per process.
+            `DraftAttentionScorer`): the first long prompts compile, once per process (see
+            ``warmup_tokens``).
+        warmup_tokens: before the app is returned, serve one request of this many prompt tokens and
+            prefill it whole (`ServingEngine.warm_up`), so that compiling happens now rather than in
+            the first requests; 0: no warm-up; None (the default): `DEFAULT_WARMUP_TOKENS` when
+            ``compile`` is set and the backend is on a CUDA device, else none. The result is
+            ``app.state.engine.warmed_up``.
 
     Raises:
         ModelLoadError: the model or draft cannot be loaded.
         PolicyError: unknown default policy.
+        InvalidRequestError: ``warmup_tokens`` is negative.
+        SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
     """
+    if warmup_tokens is not None and (
+        isinstance(warmup_tokens, bool) or not isinstance(warmup_tokens, int) or warmup_tokens < 0
+    ):
+        raise InvalidRequestError(f"warmup_tokens must be a non-negative integer, not {warmup_tokens!r}")
     if backend is None:
         from ..backends.transformers import TransformersBackend
 
@@ -163,6 +178,15 @@ def create_app(
         max_conversations=max_sessions,
         default_strategy=default_strategy,
     )
+    if warmup_tokens is None:
+        on_cuda = getattr(getattr(backend, "device", None), "type", None) == "cuda"
+        warmup_tokens = DEFAULT_WARMUP_TOKENS if compile and on_cuda else 0
+    if warmup_tokens:
+        try:
+            engine.warm_up(warmup_tokens)
+        except BaseException:
+            engine.shutdown()  # no app comes back: its worker threads go too
+            raise
     keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
     keys = [k for k in keys if k]
 
@@ -207,6 +231,7 @@ def create_app(
             max_queue=stats.max_queue,
             cancelled_streams=engine.cancelled_streams,
             conversations=len(engine.conversations),
+            warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
         )
 
     return app

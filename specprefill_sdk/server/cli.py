@@ -13,7 +13,7 @@ import logging
 import os
 from typing import Any
 
-from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
 
 __all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "main"]
 
@@ -122,7 +122,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--compile",
         action="store_true",
         help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the first "
-        "long requests compile, tens of seconds)",
+        "long prompts compile, tens of seconds: see --warmup-tokens)",
+    )
+    parser.add_argument(
+        "--warmup-tokens",
+        type=_non_negative,
+        default=None,
+        help="before accepting requests, serve one prompt of this many tokens and prefill it whole, so that "
+        f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} with --compile on a GPU, else 0)",
     )
     parser.add_argument(
         "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
@@ -191,6 +198,7 @@ def main(args: argparse.Namespace) -> int:
         max_sessions=args.max_sessions,
         default_strategy=args.session_strategy,
         compile=args.compile,
+        warmup_tokens=args.warmup_tokens,
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -15,6 +15,7 @@ import contextvars
 import itertools
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import metrics, propagate, trace
 
 from ..conversation import STRATEGIES, Conversation
-from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError
+from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
 from ..interfaces import Backend, Scorer, Selector
 from ..pipeline import Pipeline
 from ..prompt import PromptInput
@@ -51,6 +52,7 @@ __all__ = [
     "ServingEngine",
     "StreamHandle",
     "Turn",
+    "WarmUp",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +64,17 @@ DEFAULT_MAX_TOKENS = 256
 _PIPELINE_CACHE = 64
 #: Temperatures and top_p values below this decode greedily.
 SAMPLING_EPS = 1e-5
+#: The warm-up prompt: this sentence, repeated until the prompt has the asked number of tokens.
+_WARMUP_SENTENCE = "The keeper of the lighthouse wrote down the wind, the tide and every passing ship. "
+
+
+@dataclass(frozen=True)
+class WarmUp:
+    """What `ServingEngine.warm_up` ran: the prompt's and the kept tokens, and the seconds it took."""
+
+    prompt_tokens: int
+    kept_tokens: int
+    seconds: float
 
 
 class _SharedLockScorer:
@@ -275,6 +288,8 @@ class ServingEngine:
         #: Conversations kept on the server (``specprefill.conversation_id``).
         self.conversations = ConversationStore(conversation_ttl_s, max_conversations)
         self.default_strategy = default_strategy
+        #: The warm-up this engine ran (`warm_up`), or None.
+        self.warmed_up: WarmUp | None = None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -302,6 +317,64 @@ class ServingEngine:
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def warm_up(self, tokens: int) -> WarmUp:
+        """Serve one request of up to ``tokens`` prompt tokens, and prefill it whole, on a model worker.
+
+        The result is kept as `warmed_up`.
+
+        With ``compile=True`` the first long prompts compile the draft's and the target's passes (tens
+        of seconds, once per process); a server that warms up before it accepts requests pays that at
+        start instead of in its first requests. The prompt is a repeated sentence of text, cut to fit
+        ``tokens``, the context and ``max_prompt_tokens``: it goes through the default policy's
+        pipeline (scoring, selection, the kept prefill, one token), and the backend then prefills
+        all of it, since a selection keeps too few tokens to reach the compiled prefill of a long
+        kept prompt.
+
+        Raises:
+            InvalidRequestError: ``tokens`` is below 1.
+            SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
+        """
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise InvalidRequestError(f"the warm-up needs a prompt of at least 1 token, not {tokens!r}")
+        self.warmed_up = self._executor.submit(self._warm_up, tokens).result()
+        return self.warmed_up
+
+    def _warm_up(self, tokens: int) -> WarmUp:
+        started = time.perf_counter()
+        limit = min(tokens, self.max_context - 2, self.max_prompt_tokens or tokens)
+        try:
+            served = self.pipeline_for(None)
+            # the same scorer, selector and backend, without telemetry: the warm-up is no request
+            pipeline = Pipeline(
+                served.scorer,
+                served.selector,
+                self.backend,
+                tracer_provider=trace.NoOpTracerProvider(),
+                meter_provider=metrics.NoOpMeterProvider(),
+                fallback_on_scorer_error=False,  # a failing draft fails the warm-up, not falls back
+            )
+            per_sentence = max(1, pipeline.prompt(_WARMUP_SENTENCE * 8).n // 8)
+            repeats = max(1, limit // per_sentence)
+            prompt = pipeline.prompt(_WARMUP_SENTENCE * repeats)
+            while prompt.n > limit and repeats > 1:  # the first and last tokens may tokenize apart
+                repeats = max(1, min(repeats - 1, repeats * limit // prompt.n))
+                prompt = pipeline.prompt(_WARMUP_SENTENCE * repeats)
+            if prompt.n > limit:  # a limit shorter than one sentence
+                prompt = Prompt.from_token_ids(prompt.token_ids[:limit])
+            completion = pipeline.generate(prompt, SamplingParams(max_tokens=1))
+            self.backend.generate(CompressedPrompt.dense(prompt), SamplingParams(max_tokens=2))
+        except SpecPrefillError as exc:
+            raise SpecPrefillError(f"the warm-up request failed: {exc}", code="warmup_failed") from exc
+        except Exception as exc:  # any failure of the models: the server should not start half-working
+            raise SpecPrefillError(
+                f"the warm-up request failed: {type(exc).__name__}: {exc}", code="warmup_failed"
+            ) from exc
+        done = WarmUp(prompt.n, completion.usage.kept_tokens, time.perf_counter() - started)
+        logger.info(
+            "warmed up on a %d-token prompt (%d kept) in %.1f s", done.prompt_tokens, done.kept_tokens, done.seconds
+        )
+        return done
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_for(self, options: SpecPrefillOptions | None) -> Pipeline:

@@ -46,6 +46,7 @@ __all__ = [
     "TokenizeRequest",
     "TokenizeResponse",
     "UsageInfo",
+    "WarmUpReport",
 ]
 
 #: A stop string: non-empty.
@@ -406,6 +407,14 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+class WarmUpReport(BaseModel):
+    """The warm-up request the server ran before it accepted requests (``--warmup-tokens``)."""
+
+    prompt_tokens: int
+    kept_tokens: int
+    seconds: float
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
@@ -417,6 +426,7 @@ class HealthResponse(BaseModel):
     max_queue: int
     cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
     conversations: int = Field(0, description="Conversations stored on the server.")
+    warmup: WarmUpReport | None = Field(None, description="The warm-up run at start (None: none ran).")
 
 
 class ConversationTurn(BaseModel):
