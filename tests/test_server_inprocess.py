@@ -263,3 +263,22 @@ def test_warm_up_is_off_by_default_on_cpu_and_refuses_bad_values(backend: Any) -
     with pytest.raises(SpecPrefillError, match="the warm-up request failed: RuntimeError: draft exploded") as info:
         create_app(backend=backend, scorer=ExplodingDraft(), policy="paper", warmup_tokens=300)
     assert info.value.code == "warmup_failed"
+
+
+def test_the_default_warm_up_follows_what_compiles_and_where() -> None:
+    from types import SimpleNamespace
+
+    import torch
+
+    from specprefill_sdk.server import DEFAULT_WARMUP_TOKENS
+    from specprefill_sdk.server.app import default_warmup_tokens
+
+    def backend(device: str, compiles: bool) -> Any:
+        return SimpleNamespace(device=torch.device(device), compile=compiles)
+
+    compiling_scorer = SimpleNamespace(compile=True)
+    assert default_warmup_tokens(backend("cuda", True), None) == DEFAULT_WARMUP_TOKENS  # a given backend
+    assert default_warmup_tokens(backend("cuda", False), compiling_scorer) == DEFAULT_WARMUP_TOKENS
+    assert default_warmup_tokens(backend("cuda", False), None, compile=True) == DEFAULT_WARMUP_TOKENS
+    assert default_warmup_tokens(backend("cuda", False), SimpleNamespace(compile=False)) == 0
+    assert default_warmup_tokens(backend("cpu", True), compiling_scorer, compile=True) == 0

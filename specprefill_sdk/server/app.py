@@ -66,7 +66,7 @@ from .schemas import (
 )
 from .sessions import key_owner, new_conversation_id
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "default_warmup_tokens"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,9 +142,9 @@ def create_app(
             ``warmup_tokens``).
         warmup_tokens: before the app is returned, serve one request of this many prompt tokens and
             prefill it whole (`ServingEngine.warm_up`), so that compiling happens now rather than in
-            the first requests; 0: no warm-up; None (the default): `DEFAULT_WARMUP_TOKENS` when
-            ``compile`` is set and the backend is on a CUDA device, else none. The result is
-            ``app.state.engine.warmed_up``.
+            the first requests; 0: no warm-up; None (the default): `default_warmup_tokens`, that is
+            `DEFAULT_WARMUP_TOKENS` when ``compile`` is set (or the given backend or scorer compiles)
+            and the backend is on a CUDA device, else none. The result is ``app.state.engine.warmed_up``.
 
     Raises:
         ModelLoadError: the model or draft cannot be loaded.
@@ -179,8 +179,7 @@ def create_app(
         default_strategy=default_strategy,
     )
     if warmup_tokens is None:
-        on_cuda = getattr(getattr(backend, "device", None), "type", None) == "cuda"
-        warmup_tokens = DEFAULT_WARMUP_TOKENS if compile and on_cuda else 0
+        warmup_tokens = default_warmup_tokens(backend, scorer, compile)
     if warmup_tokens:
         try:
             engine.warm_up(warmup_tokens)
@@ -235,6 +234,17 @@ def create_app(
         )
 
     return app
+
+
+def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:
+    """`DEFAULT_WARMUP_TOKENS` when something compiles on a GPU, else 0.
+
+    Something compiles when ``compile`` was asked for, or when the given backend or scorer was built
+    with ``compile=True``; it is on a GPU when the backend's device is a CUDA device.
+    """
+    compiles = compile or bool(getattr(backend, "compile", False)) or bool(getattr(scorer, "compile", False))
+    on_cuda = getattr(getattr(backend, "device", None), "type", None) == "cuda"
+    return DEFAULT_WARMUP_TOKENS if compiles and on_cuda else 0
 
 
 async def _sweep_conversations(engine: ServingEngine) -> None:
