@@ -102,3 +102,16 @@ def test_a_ttft_row_takes_medians_and_the_ceiling_of_the_same_runs():
     assert (row["vanilla_ttft_ms"], row["specprefill_ttft_ms"], row["draft_score_ms"]) == (125.0, 42.0, 31.0)
     assert row["ceiling"] == round(125 / (31 + 10), 2) and row["speedup"] == round(125 / 42, 2)
     assert row["share_of_ceiling"] == round((125 / 42) / (125 / 41), 3) and row["reps"] == 3 and row["kept"] == 100
+
+
+def test_warmup_check_mode_times_a_cold_and_a_warm_server(tmp_path):
+    _run("warmup_gpu.py", "--tiny", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "warmup_gpu_h200.json").read_text())
+    runs = {run["mode"]: run for run in result["runs"]}
+    assert set(runs) == {"cold", "warm"}
+    assert runs["cold"]["warmup"] is None
+    assert 200 <= runs["warm"]["warmup"]["prompt_tokens"] <= 256
+    for run in runs.values():
+        assert [r["n"] for r in run["requests"]] == [256, 256, 384, 384]
+        assert all(r["ms"] > 0 and 0 < r["kept"] < r["n"] for r in run["requests"])
+    assert "| warm |" in (tmp_path / "warmup_gpu_h200.md").read_text()
