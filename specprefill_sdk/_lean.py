@@ -270,17 +270,27 @@ def sdpa_one_query(
     return out.transpose(1, 2)
 
 
+def head_logits(
+    h: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, head_bias: torch.Tensor | None, fused: bool
+) -> torch.Tensor:
+    """The logits (``[B, vocab]``) at the last position of the last layer's output ``h`` (``[B, S, D]``).
+
+    The final norm and the output head, as the model's own modules compute them.
+    """
+    logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
+    return logits[:, -1]
+
+
 def greedy_token(
     h: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, head_bias: torch.Tensor | None, fused: bool
 ) -> torch.Tensor:
-    """The greedy next tokens (``[B, 1]``) from the last layer's output ``h`` (``[B, S, D]``) at its last position.
+    """The greedy next tokens (``[B, 1]``): the argmax of `head_logits`.
 
-    The final norm, the output head and the argmax. A compiled decode step runs it as one function, so
-    that the norm and the argmax over the vocabulary become one fused kernel each (eagerly they are
-    several kernels of their own after the layers).
+    A compiled decode step runs it as one function, so that the norm and the argmax over the
+    vocabulary become one fused kernel each (eagerly they are several kernels of their own after the
+    layers).
     """
-    logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
-    return logits[:, -1].argmax(-1, keepdim=True)
+    return head_logits(h, norm, eps, head, head_bias, fused).argmax(-1, keepdim=True)
 
 
 def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
@@ -459,23 +469,17 @@ class LeanModel:
                 _compiled(layer_output, self.signature, True),
             )
 
-    def _decode_layer(self, device: torch.device) -> Callable[..., torch.Tensor]:
+    def _step_function(self, fn: Callable[..., torch.Tensor], device: torch.device) -> Callable[..., torch.Tensor]:
+        """``fn`` as a decode step runs it: compiled when asked for and on CUDA, else as it is."""
         if not (self.compiled and device.type == "cuda"):
-            return decode_layer
+            return fn
         with _compile_lock:
-            return _compiled(decode_layer, self.signature, None)
+            return _compiled(fn, self.signature, None)
 
-    def _greedy(self, device: torch.device) -> Callable[..., torch.Tensor]:
-        if not (self.compiled and device.type == "cuda"):
-            return greedy_token
-        with _compile_lock:
-            return _compiled(greedy_token, self.signature, None)
-
-    def _logits(self, h: torch.Tensor) -> torch.Tensor:
-        """The logits (``[B, vocab]``) of the last layer's output ``h`` for one position (``[B, 1, D]``)."""
-        norm = self.base.norm
-        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
-        return logits[:, -1]
+    def _head(self) -> tuple[torch.Tensor, float, torch.Tensor, torch.Tensor | None]:
+        """The final norm's weight and epsilon, and the output head's weight and bias."""
+        norm, head = self.base.norm, self.model.lm_head
+        return norm.weight, float(norm.variance_epsilon), head.weight, head.bias
 
     def forward(
         self,
@@ -505,7 +509,7 @@ class LeanModel:
             if i == len(self.layers) - 1:  # only the last position feeds the next token
                 h, attended = h[:, -1:], attended[:, -1:]
             h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)
-        return self._logits(h)
+        return head_logits(h, *self._head(), self.fused)
 
     def prefill(
         self,
@@ -556,7 +560,7 @@ class LeanModel:
         (compiled steps attend with `sdpa_one_query` instead, where torch offers it).
         Every input is a device tensor, so the step can be captured as a CUDA graph and replayed.
         """
-        layer = self._decode_layer(token.device)
+        layer = self._step_function(decode_layer, token.device)
         if layer is not decode_layer and _SDPA_GQA:
             attend = sdpa_one_query
         h = self.base.embed_tokens(token)
@@ -578,6 +582,5 @@ class LeanModel:
                 attend,
                 self.split,
             )
-        norm, head = self.base.norm, self.model.lm_head
-        greedy = self._greedy(token.device)
-        return greedy(h, norm.weight, float(norm.variance_epsilon), head.weight, head.bias, self.fused)
+        greedy = self._step_function(greedy_token, token.device)
+        return greedy(h, *self._head(), self.fused)
