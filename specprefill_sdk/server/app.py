@@ -33,9 +33,10 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..conversation import STRATEGIES
-from ..errors import InvalidRequestError, SpecPrefillError
+from ..errors import SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
+from ..selection.base import check_int
 from ..types import Completion, Prompt
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
 from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle, Turn
@@ -152,10 +153,8 @@ def create_app(
         InvalidRequestError: ``warmup_tokens`` is negative.
         SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
     """
-    if warmup_tokens is not None and (
-        isinstance(warmup_tokens, bool) or not isinstance(warmup_tokens, int) or warmup_tokens < 0
-    ):
-        raise InvalidRequestError(f"warmup_tokens must be a non-negative integer, not {warmup_tokens!r}")
+    if warmup_tokens is not None:
+        check_int(warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
     if backend is None:
         from ..backends.transformers import TransformersBackend
 

@@ -30,6 +30,7 @@ from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, Po
 from ..interfaces import Backend, Scorer, Selector
 from ..pipeline import Pipeline
 from ..prompt import PromptInput
+from ..selection.base import check_int
 from ..types import (
     Completion,
     CompletionChunk,
@@ -335,8 +336,7 @@ class ServingEngine:
             InvalidRequestError: ``tokens`` is below 1.
             SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
         """
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise InvalidRequestError(f"the warm-up needs a prompt of at least 1 token, not {tokens!r}")
+        check_int(tokens, "the warm-up's prompt tokens", param="warmup_tokens", minimum=1)
         self.warmed_up = self._executor.submit(self._warm_up, tokens).result()
         return self.warmed_up
 
@@ -364,12 +364,9 @@ class ServingEngine:
                 prompt = Prompt.from_token_ids(prompt.token_ids[:limit])
             completion = pipeline.generate(prompt, SamplingParams(max_tokens=1))
             self.backend.generate(CompressedPrompt.dense(prompt), SamplingParams(max_tokens=2))
-        except SpecPrefillError as exc:
-            raise SpecPrefillError(f"the warm-up request failed: {exc}", code="warmup_failed") from exc
         except Exception as exc:  # any failure of the models: the server should not start half-working
-            raise SpecPrefillError(
-                f"the warm-up request failed: {type(exc).__name__}: {exc}", code="warmup_failed"
-            ) from exc
+            detail = str(exc) if isinstance(exc, SpecPrefillError) else f"{type(exc).__name__}: {exc}"
+            raise SpecPrefillError(f"the warm-up request failed: {detail}", code="warmup_failed") from exc
         done = WarmUp(prompt.n, completion.usage.kept_tokens, time.perf_counter() - started)
         logger.info(
             "warmed up on a %d-token prompt (%d kept) in %.1f s", done.prompt_tokens, done.kept_tokens, done.seconds
