@@ -115,3 +115,12 @@ def test_warmup_check_mode_times_a_cold_and_a_warm_server(tmp_path):
         assert [r["n"] for r in run["requests"]] == [256, 256, 384, 384]
         assert all(r["ms"] > 0 and 0 < r["kept"] < r["n"] for r in run["requests"])
     assert "| warm |" in (tmp_path / "warmup_gpu_h200.md").read_text()
+
+
+def test_host_conversions_benchmark_times_both_ways(tmp_path):
+    args = ["--n", "256", "--kept", "64", "--number", "2", "--repeat", "1", "--out", str(tmp_path)]
+    _run("host_conversions_cpu.py", *args)
+    result = json.loads((tmp_path / "host_conversions_cpu.json").read_text())
+    assert len(result["rows"]) == 4
+    assert all(r["python_us"] > 0 and r["sdk_us"] > 0 for r in result["rows"])
+    assert "| backend inputs, 64 kept ids and positions |" in (tmp_path / "host_conversions_cpu.md").read_text()
