@@ -270,27 +270,18 @@ def sdpa_one_query(
     return out.transpose(1, 2)
 
 
-def head_logits(
-    h: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, head_bias: torch.Tensor | None, fused: bool
-) -> torch.Tensor:
-    """The logits (``[B, vocab]``) at the last position of the last layer's output ``h`` (``[B, S, D]``).
-
-    The final norm and the output head, as the model's own modules compute them.
-    """
-    logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
-    return logits[:, -1]
-
-
 def greedy_token(
     h: torch.Tensor, norm: torch.Tensor, eps: float, head: torch.Tensor, head_bias: torch.Tensor | None, fused: bool
 ) -> torch.Tensor:
-    """The greedy next tokens (``[B, 1]``): the argmax of `head_logits`.
+    """The greedy next tokens (``[B, 1]``) from the last layer's output ``h`` (``[B, S, D]``) at its last position.
 
-    A compiled decode step runs it as one function, so that the norm and the argmax over the
-    vocabulary become one fused kernel each (eagerly they are several kernels of their own after the
-    layers).
+    The final norm, the output head and the argmax, for a decode step: a compiled step runs it as one
+    function, so that the norm and the argmax over the vocabulary become one fused kernel each
+    (eagerly they are several kernels of their own after the layers). The prefill's logits go
+    through the head module instead (`LeanModel.forward`), so that hooks on it see them.
     """
-    return head_logits(h, norm, eps, head, head_bias, fused).argmax(-1, keepdim=True)
+    logits = F.linear(_norm(h[:, -1:], norm, eps, fused), head, head_bias)
+    return logits[:, -1].argmax(-1, keepdim=True)
 
 
 def _copy(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
@@ -476,10 +467,14 @@ class LeanModel:
         with _compile_lock:
             return _compiled(fn, self.signature, None)
 
-    def _head(self) -> tuple[torch.Tensor, float, torch.Tensor, torch.Tensor | None]:
-        """The final norm's weight and epsilon, and the output head's weight and bias."""
-        norm, head = self.base.norm, self.model.lm_head
-        return norm.weight, float(norm.variance_epsilon), head.weight, head.bias
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The logits (``[B, vocab]``) of the last layer's output ``h`` for one position (``[B, 1, D]``).
+
+        Through the model's head module, as transformers' forward does: hooks on it see the logits.
+        """
+        norm = self.base.norm
+        logits: torch.Tensor = self.model.lm_head(_norm(h, norm.weight, float(norm.variance_epsilon), self.fused))
+        return logits[:, -1]
 
     def forward(
         self,
@@ -509,7 +504,7 @@ class LeanModel:
             if i == len(self.layers) - 1:  # only the last position feeds the next token
                 h, attended = h[:, -1:], attended[:, -1:]
             h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)
-        return head_logits(h, *self._head(), self.fused)
+        return self._logits(h)
 
     def prefill(
         self,
@@ -582,5 +577,6 @@ class LeanModel:
                 attend,
                 self.split,
             )
+        norm, head = self.base.norm, self.model.lm_head
         greedy = self._step_function(greedy_token, token.device)
-        return greedy(h, *self._head(), self.fused)
+        return greedy(h, norm.weight, float(norm.variance_epsilon), head.weight, head.bias, self.fused)
