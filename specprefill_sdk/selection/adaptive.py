@@ -8,7 +8,8 @@ import torch
 
 from ..errors import InvalidRequestError
 from ..types import Prompt
-from .base import Budget, BudgetSelector, ceil_count, check_int, check_rate
+from ..validation import check_int, check_rate
+from .base import Budget, BudgetSelector, ceil_count
 
 __all__ = ["Adaptive"]
 

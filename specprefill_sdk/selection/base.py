@@ -176,20 +176,3 @@ class BudgetSelector(ABC):
             raise RuntimeError(f"{self.name} gave no budget although scores were given")
         keep = fill_tokens(values, forced, budget.count)
         return selection_from_mask(keep, forced, requested_rate=budget.rate, reason=budget.reason)
-
-
-def check_rate(value: object, what: str, *, param: str, allow_zero: bool = False) -> float:
-    """Validate a rate in (0, 1] (or [0, 1] with ``allow_zero``) and return it as a float."""
-    low = "[0" if allow_zero else "(0"
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidRequestError(f"{what} must be a number in {low}, 1], got {value!r}", param=param)
-    if value > 1 or value < 0 or (value == 0 and not allow_zero):
-        raise InvalidRequestError(f"{what} must be in {low}, 1], got {value!r}", param=param)
-    return float(value)
-
-
-def check_int(value: object, what: str, *, param: str, minimum: int) -> int:
-    """Validate an integer >= ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise InvalidRequestError(f"{what} must be an integer >= {minimum}, got {value!r}", param=param)
-    return value

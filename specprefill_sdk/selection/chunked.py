@@ -9,11 +9,11 @@ import torch
 
 from ..errors import InvalidRequestError
 from ..types import Prompt, Selection, TokenScores
+from ..validation import check_int
 from .base import (
     Budget,
     BudgetSelector,
     ceil_count,
-    check_int,
     dense_selection,
     prompt_protected,
     score_values,

@@ -9,7 +9,8 @@ import torch
 from ..errors import InvalidRequestError
 from ..interfaces import Selector
 from ..types import Prompt, Selection, TokenScores
-from .base import FillSelector, check_int, dense_selection, prompt_protected, selection_from_mask
+from ..validation import check_int
+from .base import FillSelector, dense_selection, prompt_protected, selection_from_mask
 
 __all__ = ["DenseBelow"]
 

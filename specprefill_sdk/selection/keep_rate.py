@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..types import Prompt
-from .base import Budget, BudgetSelector, ceil_count, check_rate
+from ..validation import check_rate
+from .base import Budget, BudgetSelector, ceil_count
 
 __all__ = ["KeepRate"]
 

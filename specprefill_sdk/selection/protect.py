@@ -11,7 +11,8 @@ import torch
 from ..errors import InvalidRequestError
 from ..interfaces import Selector
 from ..types import TEMPLATE_ROLE, Prompt, Selection, TokenScores
-from .base import FillSelector, bool_tensor, check_int, dense_selection, prompt_protected, selection_from_mask
+from ..validation import check_int
+from .base import FillSelector, bool_tensor, dense_selection, prompt_protected, selection_from_mask
 
 __all__ = ["TEXT_TAIL_TOKENS", "Protect"]
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from ..types import Prompt
-from .base import Budget, BudgetSelector, check_int
+from ..validation import check_int
+from .base import Budget, BudgetSelector
 
 __all__ = ["TokenBudget"]
 

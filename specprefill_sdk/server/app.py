@@ -36,8 +36,8 @@ from ..conversation import STRATEGIES
 from ..errors import SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
-from ..selection.base import check_int
 from ..types import Completion, Prompt
+from ..validation import check_int
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
 from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers

@@ -30,7 +30,6 @@ from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, Po
 from ..interfaces import Backend, Scorer, Selector
 from ..pipeline import Pipeline
 from ..prompt import PromptInput
-from ..selection.base import check_int
 from ..types import (
     Completion,
     CompletionChunk,
@@ -41,6 +40,7 @@ from ..types import (
     Selection,
     TokenScores,
 )
+from ..validation import check_int
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
 from .errors import RequestTooLargeError
 from .limits import Admission, Ticket

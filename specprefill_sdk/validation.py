@@ -1,0 +1,46 @@
+"""Checks of user-given numbers, written once: selectors, the server and the command line call them.
+
+Each check returns the value (as its type) or raises `InvalidRequestError` with a message that names
+the value and the rule, e.g. ``keep rate must be in (0, 1], got 1.5``; ``param`` names the field of a
+request that carried it.
+
+Example::
+
+    check_rate(0.2, "keep_rate", param="keep_rate")          # 0.2
+    check_int(0, "max_tokens", param="max_tokens", minimum=1)  # raises InvalidRequestError
+"""
+
+from __future__ import annotations
+
+import math
+
+from .errors import InvalidRequestError
+
+__all__ = ["check_float", "check_int", "check_rate"]
+
+
+def check_rate(value: object, what: str, *, param: str, allow_zero: bool = False) -> float:
+    """Validate a rate in (0, 1] (or [0, 1] with ``allow_zero``) and return it as a float."""
+    low = "[0" if allow_zero else "(0"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{what} must be a number in {low}, 1], got {value!r}", param=param)
+    if value > 1 or value < 0 or (value == 0 and not allow_zero):
+        raise InvalidRequestError(f"{what} must be in {low}, 1], got {value!r}", param=param)
+    return float(value)
+
+
+def check_int(value: object, what: str, *, param: str, minimum: int) -> int:
+    """Validate an integer >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidRequestError(f"{what} must be an integer >= {minimum}, got {value!r}", param=param)
+    return value
+
+
+def check_float(value: object, what: str, *, param: str, minimum: float = 0.0, inclusive: bool = True) -> float:
+    """Validate a finite number >= ``minimum`` (> ``minimum`` when not ``inclusive``) as a float."""
+    bound = f"{'>=' if inclusive else '>'} {minimum:g}"
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidRequestError(f"{what} must be a finite number {bound}, got {value!r}", param=param)
+    if value < minimum or (value == minimum and not inclusive):
+        raise InvalidRequestError(f"{what} must be a finite number {bound}, got {value!r}", param=param)
+    return float(value)
