@@ -4,8 +4,8 @@ Two fresh processes, each with an empty inductor cache of its own (``TORCHINDUCT
 the same server application around the same models (``ttft_gpu.py``'s Llama-3.1-8B target and
 Llama-3.2-1B draft, random bf16 weights, both with ``compile=True``, the paper policy):
 
-- ``cold``: ``create_app(..., warmup_tokens=0)``: no warm-up;
-- ``warm``: ``create_app(...)`` with its default, a warm-up of `DEFAULT_WARMUP_TOKENS` tokens on a GPU.
+- ``cold``: ``create_app(ServerConfig(warmup_tokens=0), ...)``: no warm-up;
+- ``warm``: ``create_app(ServerConfig(), ...)`` with its default, a warm-up of `DEFAULT_WARMUP_TOKENS` tokens on a GPU.
 
 Each then serves the same requests on the engine's worker thread (one generated token each): two
 prompts of the first length, then two of the second, whose look-ahead buffer is of another size.
@@ -48,7 +48,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
 
     from specprefill_sdk.backends import TransformersBackend
     from specprefill_sdk.scoring import DraftAttentionScorer
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
     from specprefill_sdk.server.engine import RequestContext
     from specprefill_sdk.types import SamplingParams
 
@@ -66,7 +66,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     # the warm mode takes create_app's default, except on a CPU (the check), where the default is none
     warmup: int | None = 0 if args.mode == "cold" else (args.tiny_warmup if device.type == "cpu" else None)
     started = time.perf_counter()
-    app = create_app(backend=backend, scorer=scorer, policy="paper", warmup_tokens=warmup)
+    app = create_app(ServerConfig(policy="paper", warmup_tokens=warmup), backend=backend, scorer=scorer)
     start_s = time.perf_counter() - started
     engine = app.state.engine
     gen = torch.Generator().manual_seed(5)

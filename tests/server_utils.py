@@ -18,7 +18,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
 _SERVE = (
-    "import argparse, sys; from specprefill_sdk.server import cli; p = argparse.ArgumentParser(); "
+    "import argparse, sys; from specprefill_sdk.cli import serve as cli; p = argparse.ArgumentParser(); "
     "cli.add_arguments(p); sys.exit(cli.main(p.parse_args(sys.argv[1:])))"
 )
 

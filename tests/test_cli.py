@@ -110,7 +110,7 @@ def test_unknown_model() -> None:
 def test_missing_optional_dependency_and_missing_command_module() -> None:
     code = (
         "import sys; sys.modules['uvicorn'] = None; sys.modules['fastapi'] = None;"
-        "sys.modules['specprefill_sdk.eval.cli'] = None;"
+        "sys.modules['specprefill_sdk.cli.eval'] = None;"
         "from specprefill_sdk.cli import main; raise SystemExit(main(sys.argv[1:]))"
     )
     for args, fragments in (

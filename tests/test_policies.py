@@ -252,12 +252,12 @@ def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -
 @pytest.mark.slow
 def test_load_pipeline_and_the_server_pass_compile_to_the_backend_and_the_draft_scorer(smollm) -> None:
     from specprefill_sdk.policies import load_pipeline
-    from specprefill_sdk.server.app import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
     pipe = load_pipeline("paper", model=smollm, compile=True)
     assert pipe.backend.compile and pipe.scorer.compile  # type: ignore[attr-defined]
     assert not load_pipeline("paper", model=smollm).scorer.compile  # type: ignore[attr-defined]
-    app = create_app(smollm, compile=True)  # type: ignore[arg-type]
+    app = create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", compile=True))
     engine = app.state.engine
     assert engine.backend.compile and engine._base_scorer.compile
     assert engine._scorer_for(load_policy("paper").with_overrides(look_ahead=2)).compile  # per-request scorers too

@@ -83,7 +83,7 @@ def test_the_server_warmed_up_before_it_answered(server: ServerProcess) -> None:
 def test_serve_refuses_a_negative_warm_up() -> None:
     import argparse
 
-    from specprefill_sdk.server.cli import add_arguments
+    from specprefill_sdk.cli.serve import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

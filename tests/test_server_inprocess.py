@@ -46,9 +46,9 @@ def backend(smollm: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def failing_url(backend: Any) -> Iterator[str]:
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
-    with serve_in_thread(create_app(backend=backend, scorer=ExplodingDraft(), policy="paper")) as base:
+    with serve_in_thread(create_app(ServerConfig(policy="paper"), backend=backend, scorer=ExplodingDraft())) as base:
         yield base
 
 
@@ -102,12 +102,12 @@ def test_an_incoming_traceparent_is_continued_and_the_http_backend_injects_one(b
     from specprefill_sdk.pipeline import Pipeline
     from specprefill_sdk.scoring import UniformScorer
     from specprefill_sdk.selection import KeepRate
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    app = create_app(backend=backend, policy="dense", tracer_provider=provider)
+    app = create_app(ServerConfig(policy="dense"), backend=backend, tracer_provider=provider)
     trace_id, parent_id = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     with serve_in_thread(app) as base:
         response = httpx.post(
@@ -150,15 +150,11 @@ OPERATIONS = [
 @pytest.fixture(scope="module")
 def fuzz_schema(backend: Any) -> Iterator[Any]:
     """A small-limits app (64-token prompts, 2 new tokens) so that valid generated requests stay cheap."""
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
     app = create_app(
+        ServerConfig(policy="paper", max_prompt_tokens=64, max_output_tokens=2, max_queue=64, max_body_bytes=64 * 1024),
         backend=backend,
-        policy="paper",
-        max_prompt_tokens=64,
-        max_output_tokens=2,
-        max_queue=64,
-        max_body_bytes=64 * 1024,
     )
     with serve_in_thread(app) as base:
         yield schemathesis.openapi.from_url(f"{base}/openapi.json")
@@ -229,13 +225,13 @@ def test_warm_up_serves_one_prompt_within_the_limits_and_records_no_telemetry(ba
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     with caplog.at_level("INFO", logger="specprefill_sdk.server.engine"):
-        app = create_app(backend=backend, policy="paper", tracer_provider=provider, warmup_tokens=300)
+        app = create_app(ServerConfig(policy="paper", warmup_tokens=300), backend=backend, tracer_provider=provider)
     done = app.state.engine.warmed_up
     assert done is not None and 250 <= done.prompt_tokens <= 300
     assert 0 < done.kept_tokens < done.prompt_tokens and done.seconds > 0
@@ -247,21 +243,21 @@ def test_warm_up_serves_one_prompt_within_the_limits_and_records_no_telemetry(ba
         response = httpx.post(f"{base}/v1/completions", timeout=300, json={"prompt": "Hello", "max_tokens": 2})
         assert response.status_code == 200
     # max_prompt_tokens bounds the warm-up prompt too
-    small = create_app(backend=backend, policy="paper", max_prompt_tokens=40, warmup_tokens=300)
+    small = create_app(ServerConfig(policy="paper", max_prompt_tokens=40, warmup_tokens=300), backend=backend)
     assert small.state.engine.warmed_up.prompt_tokens <= 40
 
 
 def test_warm_up_is_off_by_default_on_cpu_and_refuses_bad_values(backend: Any) -> None:
     from specprefill_sdk import InvalidRequestError, SpecPrefillError
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
-    app = create_app(backend=backend, policy="paper", compile=True)  # compile changes nothing on a CPU
+    app = create_app(ServerConfig(policy="paper", compile=True), backend=backend)  # compile changes nothing on a CPU
     assert app.state.engine.warmed_up is None
     for bad in (-1, 2.5, True):
         with pytest.raises(InvalidRequestError, match="warmup_tokens"):
-            create_app(backend=backend, policy="paper", warmup_tokens=bad)  # type: ignore[arg-type]
+            create_app(ServerConfig(policy="paper", warmup_tokens=bad), backend=backend)  # type: ignore[arg-type]
     with pytest.raises(SpecPrefillError, match="the warm-up request failed: RuntimeError: draft exploded") as info:
-        create_app(backend=backend, scorer=ExplodingDraft(), policy="paper", warmup_tokens=300)
+        create_app(ServerConfig(policy="paper", warmup_tokens=300), backend=backend, scorer=ExplodingDraft())
     assert info.value.code == "warmup_failed"
 
 

@@ -30,7 +30,7 @@ QUESTION = [{"role": "user", "content": "Name the largest planet of the solar sy
 def served(smollm: Any) -> Iterator[tuple[str, str, Recorder]]:
     """Our server in a thread, recording its spans in memory: (API root, served model id, recorder)."""
     from specprefill_sdk.backends import TransformersBackend
-    from specprefill_sdk.server.app import create_app
+    from specprefill_sdk.server import create_app
 
     rec = Recorder()
     app = create_app(

@@ -2,8 +2,8 @@
 
 Example::
 
-    from specprefill_sdk.server import create_app
-    app = create_app(model="smollm2-135m", policy="paper", api_key="secret")
+    from specprefill_sdk.server import ServerConfig, create_app
+    app = create_app(ServerConfig(model="smollm2-135m", policy="paper", api_keys=("secret",)))
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ __all__ = [
     "DEFAULT_SESSION_STRATEGY",
     "DEFAULT_SESSION_TTL",
     "DEFAULT_WARMUP_TOKENS",
+    "ServerConfig",
     "create_app",
 ]
 
@@ -35,8 +36,13 @@ def __getattr__(name: str) -> Any:
         from .app import create_app
 
         return create_app
+    if name == "ServerConfig":
+        from .config import ServerConfig
+
+        return ServerConfig
     raise AttributeError(f"module 'specprefill_sdk.server' has no attribute {name!r}")
 
 
 if TYPE_CHECKING:
     from .app import create_app
+    from .config import ServerConfig

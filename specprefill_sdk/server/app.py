@@ -7,9 +7,9 @@ Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/toke
 Example::
 
     import uvicorn
-    from specprefill_sdk.server import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
-    uvicorn.run(create_app(model="smollm2-135m", policy="paper"), host="127.0.0.1", port=8000)
+    uvicorn.run(create_app(ServerConfig(model="smollm2-135m", policy="paper")), host="127.0.0.1", port=8000)
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
+import warnings
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -33,13 +34,13 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..conversation import STRATEGIES
-from ..errors import SpecPrefillError
+from ..errors import InvalidRequestError, SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
 from ..types import Completion, Prompt
-from ..validation import check_int
-from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
-from .engine import DEFAULT_MAX_TOKENS, RequestContext, ServingEngine, StreamHandle, Turn
+from . import DEFAULT_WARMUP_TOKENS
+from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import GuardMiddleware
 from .schemas import (
@@ -71,9 +72,6 @@ __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "default_warmup_tokens"]
 
 logger = logging.getLogger(__name__)
 
-#: Largest request body accepted (413 above it): ample for prompts at any context we serve.
-DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
     for status, text in (
@@ -95,98 +93,56 @@ _STREAM_DOC: dict[int | str, dict[str, Any]] = {
 
 
 def create_app(
-    model: str = "smollm2-135m",
+    config: ServerConfig | None = None,
     *,
-    draft: str | None = None,
-    policy: str = "paper",
     backend: Backend | None = None,
     scorer: Scorer | None = None,
-    api_key: str | Sequence[str] | None = None,
-    max_prompt_tokens: int | None = None,
-    max_output_tokens: int | None = None,
-    max_concurrency: int = 1,
-    max_queue: int = 16,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    default_max_tokens: int = DEFAULT_MAX_TOKENS,
-    served_model_name: str | None = None,
-    device: str = "auto",
-    dtype: str = "auto",
     tracer_provider: Any = None,
     meter_provider: Any = None,
-    session_ttl: float = DEFAULT_SESSION_TTL,
-    max_sessions: int = DEFAULT_MAX_SESSIONS,
-    default_strategy: str = DEFAULT_SESSION_STRATEGY,
-    compile: bool = False,
-    warmup_tokens: int | None = None,
+    **settings: Any,
 ) -> FastAPI:
     """Build the server application around one loaded target and one draft scorer.
 
     Args:
-        model: the target model spec (ignored when ``backend`` is given).
-        draft: the draft model spec; None: the target itself (weights shared).
-        policy: the default policy preset; requests may pick another with ``specprefill.policy``.
-        backend: an already built backend (e.g. a `TransformersBackend`) instead of loading ``model``.
-        scorer: an already built draft scorer instead of the policy's.
-        api_key: when set (one key or several), every ``/v1`` route needs ``Authorization: Bearer <key>``;
-            each key sees only the conversations started with it.
-        max_prompt_tokens: longer prompts get 413.
-        max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
-        max_concurrency: requests doing model work at once (worker threads).
-        max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
-        max_body_bytes: larger request bodies get 413.
-        session_ttl: seconds a conversation kept on the server may stay idle before it expires.
-        max_sessions: conversations kept at once (the least recently used idle one is evicted for a
-            new one; 0: conversations are not served).
-        default_strategy: the strategy of a conversation whose first request names none.
-        compile: build the backend and the draft scorer with ``compile=True`` (CUDA only; see
-            `DraftAttentionScorer`): the first long prompts compile, once per process (see
-            ``warmup_tokens``).
-        warmup_tokens: before the app is returned, serve one request of this many prompt tokens and
-            prefill it whole (`ServingEngine.warm_up`), so that compiling happens now rather than in
-            the first requests; 0: no warm-up; None (the default): `default_warmup_tokens`, that is
-            `DEFAULT_WARMUP_TOKENS` when ``compile`` is set (or the given backend or scorer compiles)
-            and the backend is on a CUDA device, else none. The result is ``app.state.engine.warmed_up``.
+        config: the server's settings (`ServerConfig`); None: the defaults.
+        backend: an already built backend (e.g. a `TransformersBackend`) instead of loading
+            ``config.model``.
+        scorer: an already built draft scorer instead of the default policy's.
+        tracer_provider, meter_provider: OpenTelemetry providers for the pipelines and the routes.
+        settings: `ServerConfig` fields given one by one, the form of earlier versions (deprecated:
+            give a `ServerConfig`); not together with ``config``.
+
+    Before the app is returned it serves the warm-up request that ``config.warmup_tokens`` asks for
+    (None: `default_warmup_tokens`, that is `DEFAULT_WARMUP_TOKENS` when something compiles on a
+    CUDA device, else none); the result is ``app.state.engine.warmed_up``.
 
     Raises:
         ModelLoadError: the model or draft cannot be loaded.
         PolicyError: unknown default policy.
-        InvalidRequestError: ``warmup_tokens`` is negative.
+        InvalidRequestError: an invalid or unknown setting.
         SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
     """
-    if warmup_tokens is not None:
-        check_int(warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
+    config = _config(config, settings)
     if backend is None:
         from ..backends.transformers import TransformersBackend
 
+        model, device, dtype, compile = config.model, config.device, config.dtype, config.compile
         backend = TransformersBackend(model, device=device, dtype=dtype, compile=compile)
     if scorer is None:
-        scorer = _default_scorer(backend, model, draft, policy, device, dtype, compile)
+        scorer = _default_scorer(backend, config)
     engine = ServingEngine(
-        backend,
-        scorer,
-        policy=policy,
-        served_model=served_model_name,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
-        max_prompt_tokens=max_prompt_tokens,
-        max_output_tokens=max_output_tokens,
-        default_max_tokens=default_max_tokens,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
-        conversation_ttl_s=session_ttl,
-        max_conversations=max_sessions,
-        default_strategy=default_strategy,
+        backend, scorer, config=config, tracer_provider=tracer_provider, meter_provider=meter_provider
     )
+    warmup_tokens = config.warmup_tokens
     if warmup_tokens is None:
-        warmup_tokens = default_warmup_tokens(backend, scorer, compile)
+        warmup_tokens = default_warmup_tokens(backend, scorer, config.compile)
     if warmup_tokens:
         try:
             engine.warm_up(warmup_tokens)
         except BaseException:
             engine.shutdown()  # no app comes back: its worker threads go too
             raise
-    keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
-    keys = [k for k in keys if k]
+    keys = list(config.api_keys)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -208,7 +164,7 @@ def create_app(
     )
     app.state.engine = engine
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, max_body_bytes=max_body_bytes, api_key=keys or None)
+    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None)
     # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
     security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
@@ -254,14 +210,51 @@ async def _sweep_conversations(engine: ServingEngine) -> None:
         engine.conversations.sweep()
 
 
-def _default_scorer(
-    backend: Backend, model: str, draft: str | None, policy: str, device: str, dtype: str, compile: bool = False
-) -> Scorer:
+def _default_scorer(backend: Backend, config: ServerConfig) -> Scorer:
     """The process's draft scorer: the default policy's, on the draft model (the target's by default)."""
     from ..policies import load_pipeline
 
+    model, draft, policy, device, dtype, compile = (
+        config.model,
+        config.draft,
+        config.policy,
+        config.device,
+        config.dtype,
+        config.compile,
+    )
     pipe = load_pipeline(policy, model=model, draft=draft, backend=backend, device=device, dtype=dtype, compile=compile)
     return pipe.scorer
+
+
+#: Keyword arguments of earlier versions of `create_app` whose `ServerConfig` field has another name.
+_RENAMED_SETTINGS = {"api_key": "api_keys", "default_strategy": "session_strategy"}
+
+
+def _config(config: ServerConfig | str | None, settings: dict[str, Any]) -> ServerConfig:
+    """The configuration `create_app` was given, including the one-by-one keyword form of earlier versions."""
+    if isinstance(config, str):  # create_app("model-name", ...): the model was the first argument
+        settings = {"model": config, **settings}
+        config = None
+    if config is not None and not isinstance(config, ServerConfig):
+        raise InvalidRequestError(f"create_app takes a ServerConfig, got {type(config).__name__}", param="config")
+    if not settings:
+        return config or ServerConfig()
+    if config is not None:
+        raise InvalidRequestError(
+            f"give create_app a ServerConfig or its settings one by one, not both (got {', '.join(sorted(settings))})",
+            param=sorted(settings)[0],
+        )
+    warnings.warn(
+        "create_app(setting=...) is deprecated: build a ServerConfig(...) and call create_app(config)",
+        DeprecationWarning,
+        stacklevel=3,
+    )
+    values = {_RENAMED_SETTINGS.get(k, k): v for k, v in settings.items()}
+    if values.get("api_keys") is None:
+        values.pop("api_keys", None)
+    if values.get("max_body_bytes") is None:
+        values.pop("max_body_bytes", None)
+    return ServerConfig.from_mapping(values)
 
 
 # ----------------------------------------------------------------------------- routes

@@ -25,7 +25,7 @@ from typing import Any, TypeVar, cast
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
-from ..conversation import STRATEGIES, Conversation
+from ..conversation import Conversation
 from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
 from ..interfaces import Backend, Scorer, Selector
 from ..pipeline import Pipeline
@@ -41,7 +41,7 @@ from ..types import (
     TokenScores,
 )
 from ..validation import check_int
-from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+from .config import DEFAULT_MAX_TOKENS, ServerConfig
 from .errors import RequestTooLargeError
 from .limits import Admission, Ticket
 from .schemas import ConversationUsage, SpecPrefillOptions
@@ -60,8 +60,6 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: ``max_tokens`` when a request gives none (reduced to what the context still holds).
-DEFAULT_MAX_TOKENS = 256
 _PIPELINE_CACHE = 64
 #: Temperatures and top_p values below this decode greedily.
 SAMPLING_EPS = 1e-5
@@ -240,8 +238,8 @@ class ServingEngine:
         backend: the target (one per process).
         scorer: the draft scorer for the default policy (one per process); per-request options derive
             variants from it (``with_options``) that share its model.
-        policy: the default policy preset's name.
-        served_model: the model id clients send and `GET /v1/models` lists.
+        config: the server's settings (the default policy, limits, conversations).
+        tracer_provider, meter_provider: OpenTelemetry providers for the pipelines.
     """
 
     def __init__(
@@ -249,30 +247,21 @@ class ServingEngine:
         backend: Backend,
         scorer: Scorer | None,
         *,
-        policy: str = "paper",
-        served_model: str | None = None,
-        max_concurrency: int = 1,
-        max_queue: int = 16,
-        max_prompt_tokens: int | None = None,
-        max_output_tokens: int | None = None,
-        default_max_tokens: int = DEFAULT_MAX_TOKENS,
+        config: ServerConfig | None = None,
         tracer_provider: Any = None,
         meter_provider: Any = None,
-        conversation_ttl_s: float = DEFAULT_SESSION_TTL,
-        max_conversations: int = DEFAULT_MAX_SESSIONS,
-        default_strategy: str = DEFAULT_SESSION_STRATEGY,
     ) -> None:
-        if default_strategy not in STRATEGIES:
-            raise InvalidRequestError(
-                f"unknown conversation strategy {default_strategy!r}; use one of {', '.join(STRATEGIES)}"
-            )
+        config = config or ServerConfig()
+        policy = config.policy
+        max_concurrency = config.max_concurrency
         self.backend = backend
+        self.config = config
         self.default_policy = policy
-        self.served_model = served_model or backend.model_name
-        self.max_prompt_tokens = max_prompt_tokens
-        self.max_output_tokens = max_output_tokens
-        self.default_max_tokens = default_max_tokens
-        self.admission = Admission(max_concurrency, max_queue)
+        self.served_model = config.served_model_name or backend.model_name
+        self.max_prompt_tokens = config.max_prompt_tokens
+        self.max_output_tokens = config.max_output_tokens
+        self.default_max_tokens = config.default_max_tokens
+        self.admission = Admission(max_concurrency, config.max_queue)
         #: Streams stopped before their end because the client went away.
         self.cancelled_streams = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
@@ -287,8 +276,8 @@ class ServingEngine:
         self.vocab_size = len(backend.tokenizer)
         self.max_context = int(backend.max_context)
         #: Conversations kept on the server (``specprefill.conversation_id``).
-        self.conversations = ConversationStore(conversation_ttl_s, max_conversations)
-        self.default_strategy = default_strategy
+        self.conversations = ConversationStore(config.session_ttl, config.max_sessions)
+        self.default_strategy = config.session_strategy
         #: The warm-up this engine ran (`warm_up`), or None.
         self.warmed_up: WarmUp | None = None
 

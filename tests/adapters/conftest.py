@@ -40,7 +40,7 @@ def server_base(smollm):
     """Our OpenAI-compatible server (SmolLM2, policy paper) in a thread on 127.0.0.1: ``http://127.0.0.1:PORT``."""
     from server_utils import serve_in_thread
 
-    from specprefill_sdk.server.app import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
-    with serve_in_thread(create_app("smollm2-135m", device="cpu", dtype="bfloat16")) as base:
+    with serve_in_thread(create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16"))) as base:
         yield base

@@ -86,11 +86,11 @@ async def test_text_mode_shortens_messages_and_keeps_their_fields(paper_pipeline
 async def test_sdk_deployment_hook_against_our_server(paper_pipeline, essay) -> None:
     from server_utils import serve_in_thread
 
-    from specprefill_sdk.server.app import create_app
+    from specprefill_sdk.server import ServerConfig, create_app
 
     messages = [{"role": "user", "content": essay[:1500] + "\n" + QUESTION}]
     saved = list(litellm.callbacks)
-    with serve_in_thread(create_app("smollm2-135m", device="cpu", dtype="bfloat16")) as base:
+    with serve_in_thread(create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16"))) as base:
         try:
             litellm.callbacks = [
                 SpecPrefillCallback(paper_pipeline, server_api_bases=[base], options={"keep_rate": 0.4})

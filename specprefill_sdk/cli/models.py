@@ -23,8 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Print the bundled models; returns the exit status."""
-    from .errors import ModelLoadError
-    from .models import BUNDLED_MODELS, DEFAULT_MODEL, cache_dir
+    from ..errors import ModelLoadError
+    from ..models import BUNDLED_MODELS, DEFAULT_MODEL, cache_dir
 
     rows = []
     for model in BUNDLED_MODELS.values():

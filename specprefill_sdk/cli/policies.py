@@ -26,7 +26,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .policies import list_policies, load_policy
+    from ..policies import list_policies, load_policy
 
     console = Console()
     if args.name:

@@ -11,46 +11,21 @@ import argparse
 import importlib
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
-from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL, DEFAULT_WARMUP_TOKENS
+from ..server import DEFAULT_WARMUP_TOKENS
+from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig
+from ._args import non_negative_int, positive_int, positive_number
 
-__all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "main"]
+__all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "config_from_args", "main"]
 
 logger = logging.getLogger(__name__)
 
+#: The defaults of every option, written once in `ServerConfig`.
+_D = ServerConfig()
 #: Environment variable read when ``--api-key`` is not given.
 API_KEY_ENV = "SPECPREFILL_API_KEY"
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from exc
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be >= 0")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from exc
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"{value} must be a finite number > 0")
-    return value
 
 
 def api_keys(given: list[str] | None, env: str | None) -> list[str]:
@@ -62,11 +37,11 @@ def api_keys(given: list[str] | None, env: str | None) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` options to ``parser``."""
-    parser.add_argument("--model", default="smollm2-135m", help="target model spec (default: smollm2-135m)")
+    parser.add_argument("--model", default=_D.model, help=f"target model spec (default: {_D.model})")
     parser.add_argument("--draft", default=None, help="draft model spec (default: the target itself)")
-    parser.add_argument("--policy", default="paper", help="default policy preset (default: paper)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    parser.add_argument("--port", type=_non_negative, default=8000, help="port to bind (default: 8000)")
+    parser.add_argument("--policy", default=_D.policy, help=f"default policy preset (default: {_D.policy})")
+    parser.add_argument("--host", default=_D.host, help=f"address to bind (default: {_D.host})")
+    parser.add_argument("--port", type=non_negative_int, default=_D.port, help=f"port to bind (default: {_D.port})")
     parser.add_argument(
         "--api-key",
         action="append",
@@ -76,48 +51,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-prompt-tokens",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="refuse longer prompts with 413 (default: the model's context)",
     )
     parser.add_argument(
         "--max-output-tokens",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="refuse requests asking for more generated tokens with 400 (default: no limit but the context)",
     )
     parser.add_argument(
-        "--max-concurrency", type=_positive, default=1, help="requests doing model work at once (default: 1)"
+        "--max-concurrency",
+        type=positive_int,
+        default=_D.max_concurrency,
+        help=f"requests doing model work at once (default: {_D.max_concurrency})",
     )
     parser.add_argument(
-        "--max-queue", type=_non_negative, default=16, help="requests allowed to wait; more get 429 (default: 16)"
+        "--max-queue",
+        type=non_negative_int,
+        default=_D.max_queue,
+        help=f"requests allowed to wait; more get 429 (default: {_D.max_queue})",
     )
     parser.add_argument(
-        "--max-body-bytes", type=_positive, default=None, help="refuse larger request bodies with 413 (default: 4 MiB)"
+        "--max-body-bytes",
+        type=positive_int,
+        default=None,
+        help="refuse larger request bodies with 413 (default: 4 MiB)",
     )
     parser.add_argument(
         "--session-ttl",
-        type=_positive_float,
-        default=DEFAULT_SESSION_TTL,
-        help="seconds a conversation kept on the server may stay idle before it expires "
-        f"(default: {DEFAULT_SESSION_TTL:g})",
+        type=positive_number,
+        default=_D.session_ttl,
+        help=f"seconds a conversation kept on the server may stay idle before it expires (default: {_D.session_ttl:g})",
     )
     parser.add_argument(
         "--max-sessions",
-        type=_non_negative,
-        default=DEFAULT_MAX_SESSIONS,
+        type=non_negative_int,
+        default=_D.max_sessions,
         help="conversations kept on the server at once; a new one evicts the least recently used idle one; "
-        f"0 serves none (default: {DEFAULT_MAX_SESSIONS})",
+        f"0 serves none (default: {_D.max_sessions})",
     )
     parser.add_argument(
         "--session-strategy",
-        default=DEFAULT_SESSION_STRATEGY,
+        default=_D.session_strategy,
         help="strategy of a conversation whose first request names none: recompute, incremental or refresh "
-        f"(default: {DEFAULT_SESSION_STRATEGY})",
+        f"(default: {_D.session_strategy})",
     )
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
-    parser.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
+    parser.add_argument("--device", default=_D.device, help="cpu, cuda, cuda:1 ... (default: auto)")
+    parser.add_argument("--dtype", default=_D.dtype, help="bfloat16, float16, float32 (default: auto)")
     parser.add_argument(
         "--compile",
         action="store_true",
@@ -126,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--warmup-tokens",
-        type=_non_negative,
+        type=non_negative_int,
         default=None,
         help="before accepting requests, serve one prompt of this many tokens and prefill it whole, so that "
         f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} with --compile on a GPU, else 0)",
@@ -136,8 +119,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--log-level",
-        default="info",
-        choices=("critical", "error", "warning", "info", "debug"),
+        default=_D.log_level,
+        choices=LOG_LEVELS,
         help="server log level (default: info)",
     )
 
@@ -164,26 +147,18 @@ def _configure_telemetry(kind: str) -> tuple[Any, Any]:
     return None, None
 
 
-def main(args: argparse.Namespace) -> int:
-    """Load the models, build the app and serve until interrupted; returns the exit status."""
-    import uvicorn
+def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """The `ServerConfig` that ``serve``'s options describe (API keys from ``environ`` when none is given).
 
-    from ..conversation import STRATEGIES
-    from .app import DEFAULT_MAX_BODY_BYTES, create_app
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.session_strategy not in STRATEGIES:
-        logger.error("--session-strategy must be one of %s, not %r", ", ".join(STRATEGIES), args.session_strategy)
-        return 2
-    tracer_provider, meter_provider = _configure_telemetry(args.otel)
-    keys = api_keys(args.api_key, os.environ.get(API_KEY_ENV))
-    if not keys and args.host not in ("127.0.0.1", "localhost", "::1"):
-        logger.warning("serving on %s without an API key: anyone who reaches this address can use it", args.host)
-    app = create_app(
-        args.model,
+    Raises:
+        InvalidRequestError: a value the configuration refuses.
+    """
+    environ = os.environ if environ is None else environ
+    return ServerConfig(
+        model=args.model,
         draft=args.draft,
         policy=args.policy,
-        api_key=keys or None,
+        api_keys=tuple(api_keys(args.api_key, environ.get(API_KEY_ENV))),
         max_prompt_tokens=args.max_prompt_tokens,
         max_output_tokens=args.max_output_tokens,
         max_concurrency=args.max_concurrency,
@@ -192,13 +167,31 @@ def main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name,
         device=args.device,
         dtype=args.dtype,
-        tracer_provider=tracer_provider,
-        meter_provider=meter_provider,
         session_ttl=args.session_ttl,
         max_sessions=args.max_sessions,
-        default_strategy=args.session_strategy,
+        session_strategy=args.session_strategy,
         compile=args.compile,
         warmup_tokens=args.warmup_tokens,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Load the models, build the app and serve until interrupted; returns the exit status."""
+    import uvicorn
+
+    from ..server.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.session_strategy not in STRATEGIES:
+        logger.error("--session-strategy must be one of %s, not %r", ", ".join(STRATEGIES), args.session_strategy)
+        return 2
+    config = config_from_args(args)
+    tracer_provider, meter_provider = _configure_telemetry(args.otel)
+    if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
+        logger.warning("serving on %s without an API key: anyone who reaches this address can use it", config.host)
+    app = create_app(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -19,51 +19,21 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidRequestError
+from ..errors import InvalidRequestError
+from ._args import keep_rate, non_negative_number, positive_int
 
 if TYPE_CHECKING:
-    from .pipeline import Pipeline
-    from .types import Completion, Message, Prompt
+    from ..pipeline import Pipeline
+    from ..types import Completion, Message, Prompt
 
 __all__ = ["add_arguments", "main"]
 
 logger = logging.getLogger(__name__)
-
-
-def _keep_rate(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"keep rate must be a number in (0, 1], got {text!r}") from None
-    if not (math.isfinite(value) and 0 < value <= 1):
-        raise argparse.ArgumentTypeError(f"keep rate must be in (0, 1], got {text}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text}")
-    return value
-
-
-def _temperature(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()
-    policy.add_argument("--keep", type=_keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1]")
+    policy.add_argument("--keep", type=keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1]")
     policy.add_argument("--policy", default=None, metavar="NAME", help="policy preset or .toml file (default: paper)")
 
     prompt = parser.add_argument_group("prompt (one of)").add_mutually_exclusive_group()
@@ -97,8 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     sampling = parser.add_argument_group("generation")
-    sampling.add_argument("--max-tokens", type=_positive_int, default=256, help="tokens to generate (default: 256)")
-    sampling.add_argument("--temperature", type=_temperature, default=0.0, help="0 is greedy (default: 0)")
+    sampling.add_argument("--max-tokens", type=positive_int, default=256, help="tokens to generate (default: 256)")
+    sampling.add_argument("--temperature", type=non_negative_number, default=0.0, help="0 is greedy (default: 0)")
     sampling.add_argument("--seed", type=int, default=None, help="seed for sampling")
     parser.add_argument("--json", action="store_true", help="print one JSON object with the answer and statistics")
     parser.add_argument(
@@ -141,7 +111,7 @@ def _messages(name: str) -> tuple[Message, ...]:
         raise InvalidRequestError(
             f'messages file {name} must hold a JSON list of {{"role", "content"}} objects', param="messages"
         )
-    from .prompt import normalize_messages
+    from ..prompt import normalize_messages
 
     messages = normalize_messages(data)
     if not any(m.content.strip() for m in messages):
@@ -165,7 +135,7 @@ def _prompt_input(args: argparse.Namespace) -> str | tuple[Message, ...]:
 
 
 def _build_prompt(pipe: Pipeline, given: str | tuple[Message, ...], chat_template: bool | None) -> Prompt:
-    from .prompt import build_prompt
+    from ..prompt import build_prompt
 
     tokenizer = pipe.backend.tokenizer
     if isinstance(given, str):
@@ -239,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
     _configure_logging(getattr(args, "verbose", 0))
     given = _prompt_input(args)
 
-    from .policies import load_pipeline, load_policy
+    from ..policies import load_pipeline, load_policy
 
     policy = load_policy(args.policy or "paper")
     policy = policy.with_overrides(keep_rate=args.keep)
@@ -248,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
         _quiet_transformers(getattr(args, "verbose", 0))
         tracer_provider, meter_provider = None, None
         if getattr(args, "otel", "none") != "none":
-            from .telemetry_setup import configure
+            from ..telemetry_setup import configure
 
             tracer_provider, meter_provider = configure(args.otel)
         pipe = load_pipeline(

@@ -18,9 +18,9 @@ import sys
 from pathlib import Path
 
 from ..errors import InvalidRequestError
-from .harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult
-from .methods import DEFAULT_METHODS, method_names
-from .tasks import task_names
+from ..eval.harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult
+from ..eval.methods import DEFAULT_METHODS, method_names
+from ..eval.tasks import task_names
 
 __all__ = ["add_arguments", "main"]
 
@@ -119,8 +119,8 @@ def main(args: argparse.Namespace) -> int:
     """
     from rich.console import Console
 
-    from .harness import run_eval
-    from .report import markdown_report, write_report
+    from ..eval.harness import run_eval
+    from ..eval.report import markdown_report, write_report
 
     if getattr(args, "merge", None):
         return _merge(args)
@@ -155,8 +155,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from .harness import merge_results
-    from .report import load_result, write_report
+    from ..eval.harness import merge_results
+    from ..eval.report import load_result, write_report
 
     results = []
     for path in args.merge:
@@ -172,7 +172,7 @@ def _merge(args: argparse.Namespace) -> int:
     return 0
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m specprefill_sdk.eval.cli`
+if __name__ == "__main__":  # pragma: no cover - `python -m specprefill_sdk.cli.eval`
     parser = argparse.ArgumentParser(prog="specprefill eval", description=__doc__.splitlines()[0])
     add_arguments(parser)
     sys.exit(main(parser.parse_args()))

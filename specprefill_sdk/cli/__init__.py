@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import NoReturn
 
-from .errors import SpecPrefillError
+from ..errors import SpecPrefillError
 
 __all__ = ["COMMANDS", "main"]
 
@@ -48,11 +48,11 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
-    "run": Command("specprefill_sdk.cli_run", "answer one prompt with speculative prefill"),
-    "serve": Command("specprefill_sdk.server.cli", "run the OpenAI-compatible HTTP server", extra="server"),
-    "eval": Command("specprefill_sdk.eval.cli", "evaluate policies on long-context tasks", extra="eval"),
-    "policies": Command("specprefill_sdk.cli_policies", "list the policy presets or show one"),
-    "models": Command("specprefill_sdk.cli_models", "list the bundled models"),
+    "run": Command("specprefill_sdk.cli.run", "answer one prompt with speculative prefill"),
+    "serve": Command("specprefill_sdk.cli.serve", "run the OpenAI-compatible HTTP server", extra="server"),
+    "eval": Command("specprefill_sdk.cli.eval", "evaluate policies on long-context tasks", extra="eval"),
+    "policies": Command("specprefill_sdk.cli.policies", "list the policy presets or show one"),
+    "models": Command("specprefill_sdk.cli.models", "list the bundled models"),
 }
 
 #: Optional third-party modules and the extra that installs each.
@@ -112,7 +112,7 @@ def _command_in(argv: Sequence[str]) -> str | None:
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The top-level parser and one (still empty) parser per subcommand."""
-    from . import __version__
+    from .. import __version__
 
     parser: argparse.ArgumentParser = _Parser(
         prog="specprefill",

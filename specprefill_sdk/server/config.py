@@ -1,0 +1,207 @@
+"""`ServerConfig`: every setting of the server, validated once; `specprefill serve` builds one.
+
+The configuration holds plain values only (names, numbers, switches), so that it can be written in
+a file or the environment and compared; the objects a process builds from it (the backend, the
+scorer, telemetry providers) are given to `create_app` beside it.
+
+Example::
+
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    app = create_app(ServerConfig(model="smollm2-135m", policy="paper", api_keys=("secret",)))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import InvalidRequestError
+from ..validation import check_float, check_int
+from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_TOKENS", "ENV_PREFIX", "LOG_LEVELS", "STRATEGIES", "ServerConfig"]
+
+#: Largest request body accepted (413 above it): ample for prompts at any context we serve.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: ``max_tokens`` when a request gives none (reduced to what the context still holds).
+DEFAULT_MAX_TOKENS = 256
+#: The prefix of the environment variables `ServerConfig.from_env` reads.
+ENV_PREFIX = "SPECPREFILL_"
+#: uvicorn's log levels, for ``log_level``.
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+#: `Conversation`'s strategies, restated so that reading a configuration loads no model code.
+STRATEGIES = ("recompute", "incremental", "refresh")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """The server's settings; invalid values raise `InvalidRequestError` naming the field.
+
+    Field names are those of ``specprefill serve``'s options (``--max-queue`` is ``max_queue``), so
+    that every setting has one name on the command line, in Python and in a deployment's variables.
+
+    Attributes:
+        model: the target model spec (unused when `create_app` is given a backend).
+        draft: the draft model spec; None: the target itself (weights shared).
+        policy: the default policy preset; requests may pick another with ``specprefill.policy``.
+        api_keys: when any, every ``/v1`` route needs ``Authorization: Bearer <key>``; each key sees
+            only the conversations started with it.
+        max_prompt_tokens: longer prompts get 413 (None: the model's context).
+        max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
+        max_concurrency: requests doing model work at once (worker threads).
+        max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
+        max_body_bytes: larger request bodies get 413.
+        default_max_tokens: ``max_tokens`` of a request that names none.
+        served_model_name: the model id clients send and ``GET /v1/models`` lists (None: the model's).
+        device, dtype: where and how models given by name are loaded.
+        session_ttl: seconds a conversation kept on the server may stay idle before it expires.
+        max_sessions: conversations kept at once (the least recently used idle one is evicted for a
+            new one; 0: conversations are not served).
+        session_strategy: the strategy of a conversation whose first request names none.
+        compile: build the backend and the draft scorer compiled (CUDA only; see
+            `DraftAttentionScorer`): the first long prompts compile, once per process.
+        warmup_tokens: serve one request of this many prompt tokens before accepting any, so that
+            compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
+        host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
+            (`create_app` builds the application only).
+    """
+
+    model: str = "smollm2-135m"
+    draft: str | None = None
+    policy: str = "paper"
+    api_keys: tuple[str, ...] = field(default=())
+    max_prompt_tokens: int | None = None
+    max_output_tokens: int | None = None
+    max_concurrency: int = 1
+    max_queue: int = 16
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    served_model_name: str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    session_ttl: float = DEFAULT_SESSION_TTL
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    session_strategy: str = DEFAULT_SESSION_STRATEGY
+    compile: bool = False
+    warmup_tokens: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_level: str = "info"
+
+    def __post_init__(self) -> None:
+        for name in ("model", "policy", "device", "dtype", "host"):
+            _check_text(getattr(self, name), name)
+        for name in ("draft", "served_model_name"):
+            if getattr(self, name) is not None:
+                _check_text(getattr(self, name), name)
+        keys = self.api_keys
+        if isinstance(keys, str):  # one key given as a string, not its characters
+            keys = (keys,)
+        if not isinstance(keys, tuple | list) or not all(isinstance(k, str) for k in keys):
+            raise InvalidRequestError(f"api_keys must be a sequence of strings, got {keys!r}", param="api_keys")
+        object.__setattr__(self, "api_keys", tuple(k for k in keys if k))
+        for name in ("max_prompt_tokens", "max_output_tokens"):
+            if getattr(self, name) is not None:
+                check_int(getattr(self, name), name, param=name, minimum=1)
+        for name, minimum in (
+            ("max_concurrency", 1),
+            ("max_queue", 0),
+            ("max_body_bytes", 1),
+            ("default_max_tokens", 1),
+            ("max_sessions", 0),
+            ("port", 0),
+        ):
+            check_int(getattr(self, name), name, param=name, minimum=minimum)
+        if self.port > 65535:
+            raise InvalidRequestError(f"port must be at most 65535, got {self.port}", param="port")
+        if self.warmup_tokens is not None:
+            check_int(self.warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
+        object.__setattr__(
+            self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
+        )
+        if self.session_strategy not in STRATEGIES:
+            raise InvalidRequestError(
+                f"session_strategy must be one of {', '.join(STRATEGIES)}, got {self.session_strategy!r}",
+                param="session_strategy",
+            )
+        if not isinstance(self.compile, bool):
+            raise InvalidRequestError(f"compile must be true or false, got {self.compile!r}", param="compile")
+        if self.log_level not in LOG_LEVELS:
+            raise InvalidRequestError(
+                f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}", param="log_level"
+            )
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
+        """A configuration from field names and values.
+
+        Raises:
+            InvalidRequestError: an unknown field (the message lists the valid ones) or a bad value.
+        """
+        _check_names(values)
+        return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], *, prefix: str = ENV_PREFIX) -> ServerConfig:
+        """A configuration from ``SPECPREFILL_<FIELD>`` variables (e.g. ``SPECPREFILL_MAX_QUEUE=32``).
+
+        Unset fields keep their defaults; ``SPECPREFILL_API_KEY`` holds comma-separated keys and
+        booleans are ``1``/``true``/``yes`` or ``0``/``false``/``no``.
+
+        Raises:
+            InvalidRequestError: a value that does not read as its field's type, or a bad value.
+        """
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            name = prefix + ("API_KEY" if f.name == "api_keys" else f.name.upper())
+            if name in environ:
+                values[f.name] = _from_text(environ[name], str(f.type), name)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> ServerConfig:
+        """A copy with some settings changed (validated again)."""
+        _check_names(changes)
+        return dataclasses.replace(self, **changes)
+
+
+def _check_names(values: Mapping[str, Any]) -> None:
+    known = [f.name for f in dataclasses.fields(ServerConfig)]
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise InvalidRequestError(
+            f"unknown server setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"valid settings: {', '.join(known)}",
+            param=unknown[0],
+        )
+
+
+def _from_text(text: str, kind: str, name: str) -> Any:
+    """``text`` read as a field of type ``kind`` (its annotation, as written above)."""
+    text = text.strip()
+    if kind.endswith("| None") and text.lower() in ("", "none"):
+        return None
+    base = kind.removesuffix(" | None")
+    try:
+        if base == "int":
+            return int(text)
+        if base == "float":
+            return float(text)
+    except ValueError:
+        raise InvalidRequestError(f"{name} must be a number, got {text!r}", param=name) from None
+    if base == "bool":
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off", ""):
+            return False
+        raise InvalidRequestError(f"{name} must be true or false, got {text!r}", param=name)
+    if base.startswith("tuple"):
+        return tuple(k.strip() for k in text.split(",") if k.strip())
+    return text
+
+
+def _check_text(value: object, name: str) -> None:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"{name} must be a non-empty string, got {value!r}", param=name)
