@@ -15,6 +15,7 @@ Example::
 
 from __future__ import annotations
 
+import importlib
 import importlib.resources
 import logging
 import os
@@ -23,7 +24,7 @@ import threading
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,17 +43,24 @@ if TYPE_CHECKING:
     from .pipeline import Pipeline
 
 __all__ = [
+    "MODEL_SCORERS",
     "OVERRIDE_KEYS",
+    "SCORERS",
+    "SELECTORS",
     "Policy",
     "ProtectSettings",
     "ScorerSettings",
     "SelectorSettings",
+    "build_pipeline",
     "list_policies",
     "load_pipeline",
     "load_policy",
     "override_selector",
     "policy_dirs",
     "resolve_pipeline",
+    "scorer_class",
+    "scorer_for",
+    "selector_class",
 ]
 
 logger = logging.getLogger(__name__)
@@ -62,6 +70,48 @@ _DEFAULT_MODEL = "smollm2-135m"
 
 ScorerKind = Literal["draft-attention", "self-information", "uniform", "random", "recency", "head-tail"]
 SelectorKind = Literal["keep-rate", "token-budget", "adaptive"]
+
+#: Scorer kinds and the classes of `specprefill_sdk.scoring` that implement them (see `scorer_class`).
+SCORERS: dict[str, str] = {
+    "draft-attention": "DraftAttentionScorer",
+    "self-information": "SelfInformationScorer",
+    "uniform": "UniformScorer",
+    "random": "RandomScorer",
+    "recency": "RecencyScorer",
+    "head-tail": "HeadTailScorer",
+}
+#: Selector kinds and the classes of `specprefill_sdk.selection` that implement them (see `selector_class`).
+SELECTORS: dict[str, str] = {"keep-rate": "KeepRate", "token-budget": "TokenBudget", "adaptive": "Adaptive"}
+#: The scorer kinds that run a draft model (the others load nothing).
+MODEL_SCORERS = frozenset({"draft-attention", "self-information"})
+assert set(SCORERS) == set(get_args(ScorerKind)) and set(SELECTORS) == set(get_args(SelectorKind))
+
+
+def scorer_class(kind: str) -> type[Any]:
+    """The scorer class of ``kind``, e.g. ``scorer_class("draft-attention") is DraftAttentionScorer``.
+
+    Classes are imported on first use, so that reading policies loads no model code.
+
+    Raises:
+        PolicyError: an unknown kind (the message lists the valid ones).
+    """
+    return _registered(SCORERS, kind, "specprefill_sdk.scoring", "scorer")
+
+
+def selector_class(kind: str) -> type[Any]:
+    """The selector class of ``kind``, e.g. ``selector_class("keep-rate") is KeepRate``.
+
+    Raises:
+        PolicyError: an unknown kind (the message lists the valid ones).
+    """
+    return _registered(SELECTORS, kind, "specprefill_sdk.selection", "selector")
+
+
+def _registered(registry: Mapping[str, str], kind: str, module: str, what: str) -> type[Any]:
+    name = registry.get(kind)
+    if name is None:
+        raise PolicyError(f"unknown {what} kind {kind!r}; valid kinds: {', '.join(registry)}", param="kind")
+    return cast("type[Any]", getattr(importlib.import_module(module), name))
 
 
 class _Section(BaseModel):
@@ -237,18 +287,19 @@ class Policy(BaseModel):
 
     def build_selector(self) -> Selector:
         """The selector these settings describe, e.g. ``Protect(Chunked(KeepRate(0.1), 32))``."""
-        from .selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+        from .selection import Chunked, DenseBelow, Protect
         from .selection.base import BudgetSelector
 
         s, p = self.selector, self.protect
+        cls = selector_class(s.kind)
         base: BudgetSelector
         if s.kind == "keep-rate":
-            base = KeepRate(s.keep_rate)
+            base = cls(s.keep_rate)
         elif s.kind == "token-budget":
             assert s.token_budget is not None
-            base = TokenBudget(s.token_budget)
+            base = cls(s.token_budget)
         else:
-            base = Adaptive(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.min_prompt_tokens)
+            base = cls(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.min_prompt_tokens)
         selector: Selector = Chunked(base, s.chunk_size) if s.chunk_size > 1 else base
         if p.sink or p.tail is not False or p.roles or p.last_user_turn or p.special_tokens:
             selector = Protect(
@@ -269,22 +320,19 @@ class Policy(BaseModel):
         ``kwargs`` are e.g. ``device``, ``dtype`` and ``target_tokenizer`` for `DraftAttentionScorer`.
         Baselines (uniform, random, recency, head-tail) load no model and ignore both.
         """
-        from . import scoring
-
         s = self.scorer
+        cls = scorer_class(s.kind)
         if s.kind == "draft-attention":
-            return scoring.DraftAttentionScorer(
-                draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, layers=s.layers, **kwargs
-            )
-        if s.kind == "self-information":
-            return scoring.SelfInformationScorer(draft=draft, **kwargs)
-        if s.kind == "uniform":
-            return scoring.UniformScorer()
-        if s.kind == "random":
-            return scoring.RandomScorer(seed=s.seed)
-        if s.kind == "recency":
-            return scoring.RecencyScorer()
-        return scoring.HeadTailScorer() if s.head is None else scoring.HeadTailScorer(head=s.head)
+            built = cls(draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, layers=s.layers, **kwargs)
+        elif s.kind == "self-information":
+            built = cls(draft=draft, **kwargs)
+        elif s.kind == "random":
+            built = cls(seed=s.seed)
+        elif s.kind == "head-tail" and s.head is not None:
+            built = cls(head=s.head)
+        else:
+            built = cls()
+        return cast("Scorer", built)
 
     def summary(self) -> str:
         """One line: the selector and scorer settings, e.g. for ``specprefill policies``."""
@@ -453,14 +501,84 @@ def load_pipeline(
         else:
             draft_spec = model if draft is None else draft
         kwargs: dict[str, Any] = {}
-        if pol.scorer.kind in ("draft-attention", "self-information"):
+        if pol.scorer.kind in MODEL_SCORERS:
             kwargs["target_tokenizer"] = backend.tokenizer
         if pol.scorer.kind == "draft-attention" and compile:
             kwargs["compile"] = True
-        if isinstance(draft_spec, str) and pol.scorer.kind in ("draft-attention", "self-information"):
+        if isinstance(draft_spec, str) and pol.scorer.kind in MODEL_SCORERS:
             kwargs.update(device=device, dtype=dtype)
         scorer = pol.build_scorer(draft_spec, **kwargs)
     logger.info("pipeline: policy %s, selector %s, scorer %s", pol.name, selector.name, scorer.name)
+    return Pipeline(scorer, selector, backend, tracer_provider=tracer_provider, meter_provider=meter_provider)
+
+
+def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Scorer:
+    """The scorer ``policy`` asks for, built around ``loaded`` (a process's draft scorer) without a second model.
+
+    ``loaded`` itself when it already is that scorer (its ``name`` is the policy's kind); a variant
+    sharing its model when only the draft-attention knobs (look-ahead, pool, layers) differ; for
+    another model-based kind, a new scorer on ``loaded``'s draft model. Baselines load nothing and
+    are built from the settings. A server builds one scorer at start and asks this for every
+    request's policy.
+
+    Raises:
+        PolicyError: the policy needs a draft model and ``loaded`` is None.
+        InvalidRequestError: a knob the draft refuses (e.g. more layers than it has).
+    """
+    from .scoring import DraftAttentionScorer, SelfInformationScorer
+
+    settings = policy.scorer
+    if settings.kind not in MODEL_SCORERS:
+        return policy.build_scorer()
+    if loaded is None:
+        raise PolicyError(
+            f"policy {policy.name!r} scores with a draft model ({settings.kind}), and none is loaded",
+            param="policy",
+        )
+    if loaded.name == settings.kind:  # a scorer's name is its kind (a caller's own scorer too)
+        if not isinstance(loaded, DraftAttentionScorer):
+            return loaded
+        changes: dict[str, Any] = {}
+        if settings.look_ahead != loaded.look_ahead:
+            changes["look_ahead"] = settings.look_ahead
+        if settings.pool_kernel != loaded.pool_kernel:
+            changes["pool_kernel"] = settings.pool_kernel
+        if settings.layers != loaded.layers:
+            # None asks for every layer: with_options takes the draft's depth for that
+            changes["layers"] = settings.layers if settings.layers is not None else loaded.depth
+        return cast("Scorer", loaded.with_options(**changes)) if changes else loaded
+    draft: str | LoadedModel = backend.model_name
+    if isinstance(loaded, DraftAttentionScorer | SelfInformationScorer):
+        draft = loaded.loaded
+    return policy.build_scorer(draft, target_tokenizer=backend.tokenizer)
+
+
+def build_pipeline(
+    policy: Policy | None,
+    loaded: Scorer | None,
+    backend: Backend,
+    *,
+    tracer_provider: Any = None,
+    meter_provider: Any = None,
+) -> Pipeline:
+    """The pipeline of ``policy`` over a process's loaded backend and draft scorer (see `scorer_for`).
+
+    ``policy=None`` turns compression off: every token is kept (`KeepRate` of 1.0) and the draft
+    never runs; the pipeline still names ``loaded``'s draft.
+
+    Raises:
+        PolicyError, InvalidRequestError: from `scorer_for`.
+    """
+    from .pipeline import Pipeline
+
+    if policy is None:
+        from .scoring import UniformScorer
+        from .selection import KeepRate
+
+        scorer: Scorer = loaded if loaded is not None else UniformScorer()
+        selector: Selector = KeepRate(1.0)
+    else:
+        scorer, selector = scorer_for(policy, loaded, backend), policy.build_selector()
     return Pipeline(scorer, selector, backend, tracer_provider=tracer_provider, meter_provider=meter_provider)
 
 

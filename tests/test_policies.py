@@ -251,7 +251,7 @@ def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -
 
 @pytest.mark.slow
 def test_load_pipeline_and_the_server_pass_compile_to_the_backend_and_the_draft_scorer(smollm) -> None:
-    from specprefill_sdk.policies import load_pipeline
+    from specprefill_sdk.policies import load_pipeline, scorer_for
     from specprefill_sdk.server import ServerConfig, create_app
 
     pipe = load_pipeline("paper", model=smollm, compile=True)
@@ -260,7 +260,8 @@ def test_load_pipeline_and_the_server_pass_compile_to_the_backend_and_the_draft_
     app = create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", compile=True))
     engine = app.state.engine
     assert engine.backend.compile and engine._base_scorer.compile
-    assert engine._scorer_for(load_policy("paper").with_overrides(look_ahead=2)).compile  # per-request scorers too
+    per_request = scorer_for(load_policy("paper").with_overrides(look_ahead=2), engine._base_scorer, engine.backend)
+    assert per_request.compile  # per-request scorers too
 
 
 def test_resolve_pipeline_passes_a_pipeline_through_and_refuses_other_objects() -> None:
@@ -279,3 +280,64 @@ def test_override_selector_sets_the_budget_of_a_policy():
     assert selector is not None and "KeepRate(0.2)" in selector.name
     budget = override_selector("paper", {"chunk_size": 1}, token_budget=64)
     assert budget is not None and "TokenBudget(64)" in budget.name and "Chunked" not in budget.name
+
+
+# ------------------------------------------------------------------------- registries and building
+def test_the_registries_name_every_kind_and_resolve_to_its_class() -> None:
+    from typing import get_args
+
+    from specprefill_sdk import scoring, selection
+    from specprefill_sdk.policies import (
+        SCORERS,
+        SELECTORS,
+        ScorerSettings,
+        SelectorSettings,
+        scorer_class,
+        selector_class,
+    )
+
+    assert set(SCORERS) == set(get_args(ScorerSettings.model_fields["kind"].annotation))
+    assert set(SELECTORS) == set(get_args(SelectorSettings.model_fields["kind"].annotation))
+    for kind in SCORERS:
+        assert scorer_class(kind).name == kind  # a scorer's name is its kind
+    assert scorer_class("draft-attention") is scoring.DraftAttentionScorer
+    assert selector_class("keep-rate") is selection.KeepRate and selector_class("adaptive") is selection.Adaptive
+    with pytest.raises(PolicyError, match="unknown scorer kind 'magic'; valid kinds: draft-attention"):
+        scorer_class("magic")
+    with pytest.raises(PolicyError, match="unknown selector kind"):
+        selector_class("magic")
+
+
+def test_scorer_for_builds_baselines_and_needs_a_loaded_draft_otherwise() -> None:
+    from types import SimpleNamespace
+
+    from specprefill_sdk.policies import scorer_for
+    from specprefill_sdk.scoring import RandomScorer
+
+    backend = SimpleNamespace(model_name="target", tokenizer=None)
+    random = Policy.from_dict({"name": "r", "scorer": {"kind": "random", "seed": 3}})
+    built = scorer_for(random, None, backend)  # type: ignore[arg-type]
+    assert isinstance(built, RandomScorer)
+    with pytest.raises(PolicyError, match="scores with a draft model"):
+        scorer_for(load_policy("paper"), None, backend)  # type: ignore[arg-type]
+
+
+def test_scorer_for_reuses_the_loaded_draft_and_varies_only_its_knobs(smollm) -> None:
+    from specprefill_sdk.backends import TransformersBackend
+    from specprefill_sdk.policies import build_pipeline, scorer_for
+    from specprefill_sdk.scoring import DraftAttentionScorer, SelfInformationScorer
+
+    backend = TransformersBackend(smollm)
+    loaded = DraftAttentionScorer(smollm, target_tokenizer=backend.tokenizer)
+    paper = load_policy("paper")
+    assert scorer_for(paper, loaded, backend) is loaded
+    variant = scorer_for(paper.with_overrides(look_ahead=1, layers=4), loaded, backend)
+    assert isinstance(variant, DraftAttentionScorer) and variant is not loaded
+    assert variant.loaded is smollm and (variant.look_ahead, variant.layers) == (1, 4)
+    other = scorer_for(Policy.from_dict({"name": "s", "scorer": {"kind": "self-information"}}), loaded, backend)
+    assert isinstance(other, SelfInformationScorer) and other.loaded is smollm
+
+    off = build_pipeline(None, loaded, backend)
+    assert off.selector == KeepRate(1.0) and off.scorer is loaded and off.draft_name == loaded.model_name
+    served = build_pipeline(paper, loaded, backend)
+    assert served.scorer is loaded and served.selector == paper.build_selector()

@@ -20,15 +20,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
 from ..conversation import Conversation
 from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
-from ..interfaces import Backend, Scorer, Selector
+from ..interfaces import Backend, Scorer
 from ..pipeline import Pipeline
+from ..policies import Policy, build_pipeline, list_policies, load_policy
 from ..prompt import PromptInput
 from ..types import (
     Completion,
@@ -37,8 +38,6 @@ from ..types import (
     Message,
     Prompt,
     SamplingParams,
-    Selection,
-    TokenScores,
 )
 from ..validation import check_int
 from .config import DEFAULT_MAX_TOKENS, ServerConfig
@@ -74,46 +73,6 @@ class WarmUp:
     prompt_tokens: int
     kept_tokens: int
     seconds: float
-
-
-class _SharedLockScorer:
-    """A scorer whose calls take a process-wide lock: pipelines built per request share one draft model."""
-
-    def __init__(self, inner: Scorer, lock: threading.Lock) -> None:
-        self.inner = inner
-        self._lock = lock
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def model_name(self) -> str | None:
-        return getattr(self.inner, "model_name", None)
-
-    @property
-    def look_ahead(self) -> int | None:
-        return getattr(self.inner, "look_ahead", None)
-
-    def score(self, prompt: Prompt) -> TokenScores:
-        with self._lock:
-            return self.inner.score(prompt)
-
-    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
-        with self._lock:
-            return self.inner.score_batch(prompts)
-
-
-class _DenseSelector:
-    """Keeps every token without scoring (``specprefill.enabled = false``)."""
-
-    name = "dense"
-
-    def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
-        return Selection.keep_all(prompt.n, reason="disabled by request")
-
-    def decide_without_scores(self, prompt: Prompt) -> Selection | None:
-        return Selection.keep_all(prompt.n, reason="disabled by request")
 
 
 class RequestContext:
@@ -237,7 +196,7 @@ class ServingEngine:
     Args:
         backend: the target (one per process).
         scorer: the draft scorer for the default policy (one per process); per-request options derive
-            variants from it (``with_options``) that share its model.
+            variants from it that share its model.
         config: the server's settings (the default policy, limits, conversations).
         tracer_provider, meter_provider: OpenTelemetry providers for the pipelines.
     """
@@ -265,12 +224,11 @@ class ServingEngine:
         #: Streams stopped before their end because the client went away.
         self.cancelled_streams = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
-        self._score_lock = threading.Lock()
         self._telemetry = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         self._pipelines: OrderedDict[tuple[Any, ...], Pipeline] = OrderedDict()
         self._pipelines_lock = threading.Lock()
         self._base_scorer = scorer
-        self._policy_names = _available_policies()
+        self._policy_names = sorted(list_policies())
         if self._policy_names and policy not in self._policy_names:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
         self.vocab_size = len(backend.tokenizer)
@@ -278,14 +236,12 @@ class ServingEngine:
         #: Conversations kept on the server (``specprefill.conversation_id``).
         self.conversations = ConversationStore(config.session_ttl, config.max_sessions)
         self.default_strategy = config.session_strategy
+        #: The draft model's name (None without a draft scorer), as every pipeline here reports it.
+        self.draft_name = self.pipeline_for_disabled().draft_name
         #: The warm-up this engine ran (`warm_up`), or None.
         self.warmed_up: WarmUp | None = None
 
     # ------------------------------------------------------------------ facts
-    @property
-    def draft_name(self) -> str | None:
-        return getattr(self._base_scorer, "model_name", None) if self._base_scorer is not None else None
-
     @property
     def policies(self) -> list[str]:
         return list(self._policy_names)
@@ -364,13 +320,16 @@ class ServingEngine:
 
     # ------------------------------------------------------------------ pipelines
     def pipeline_for(self, options: SpecPrefillOptions | None) -> Pipeline:
-        """The pipeline for a request's options (cached; all of them share the loaded models).
+        """The pipeline for a request's options, or a new conversation's (cached; all share the loaded models).
+
+        The policy decides whether the process's draft scorer serves as it is or through a variant
+        sharing its model (`specprefill_sdk.policies.build_pipeline`).
 
         Raises:
             PolicyError: unknown policy name or an invalid override.
         """
         if options is not None and not options.enabled:
-            return self._cached(("dense",), lambda: self._pipeline(self._scorer_or_dense(), _DenseSelector()))
+            return self.pipeline_for_disabled()
         name = (options.policy if options is not None else None) or self.default_policy
         if name not in self._policy_names:
             raise PolicyError(
@@ -379,7 +338,14 @@ class ServingEngine:
             )
         overrides = options.overrides() if options is not None else {}
         key = ("policy", name, tuple(sorted(overrides.items())))
-        return self._cached(key, lambda: self._policy_pipeline(name, overrides))
+        return self._cached(key, lambda: self._build(load_policy(name).with_overrides(**overrides)))
+
+    def pipeline_for_disabled(self) -> Pipeline:
+        """The pipeline of requests that turn compression off: every token kept, the draft never runs."""
+        return self._cached(("dense",), lambda: self._build(None))
+
+    def _build(self, policy: Policy | None) -> Pipeline:
+        return build_pipeline(policy, self._base_scorer, self.backend, **self._telemetry)
 
     def _cached(self, key: tuple[Any, ...], build: Callable[[], Pipeline]) -> Pipeline:
         with self._pipelines_lock:
@@ -393,51 +359,6 @@ class ServingEngine:
             while len(self._pipelines) > _PIPELINE_CACHE:
                 self._pipelines.popitem(last=False)
         return pipe
-
-    def _pipeline(self, scorer: Scorer, selector: Selector) -> Pipeline:
-        return Pipeline(_SharedLockScorer(scorer, self._score_lock), selector, self.backend, **self._telemetry)
-
-    def _scorer_or_dense(self) -> Scorer:
-        if self._base_scorer is not None:
-            return self._base_scorer
-        from ..scoring import UniformScorer
-
-        return UniformScorer()
-
-    def _policy_pipeline(self, name: str, overrides: dict[str, Any]) -> Pipeline:
-        from ..policies import load_policy
-
-        policy = load_policy(name)
-        if overrides:
-            policy = policy.with_overrides(**overrides)
-        selector = policy.build_selector()
-        return self._pipeline(self._scorer_for(policy), selector)
-
-    def _scorer_for(self, policy: Any) -> Scorer:
-        """The scorer a policy asks for, derived from the process's draft scorer (no second model)."""
-        base = self._base_scorer
-        if base is None:
-            raise InvalidRequestError("this server has no draft scorer; use specprefill.enabled=false")
-        settings = policy.scorer
-        if settings.kind == base.name:
-            changes = {
-                k: getattr(settings, k)
-                for k in ("look_ahead", "pool_kernel")
-                if getattr(settings, k, None) is not None and getattr(settings, k) != getattr(base, k, None)
-            }
-            layers = getattr(settings, "layers", None)
-            if layers != getattr(base, "layers", None):
-                # None asks for every layer: with_options takes the draft's depth for that
-                changes["layers"] = layers if layers is not None else getattr(base, "depth", None)
-            with_options = getattr(base, "with_options", None)
-            if changes and with_options is not None:
-                return cast(Scorer, with_options(**changes))
-            return base
-        kwargs: dict[str, Any] = {}
-        if settings.kind in ("draft-attention", "self-information"):
-            kwargs["target_tokenizer"] = self.backend.tokenizer
-        draft = getattr(base, "loaded", None) or getattr(base, "model_name", None) or self.backend.model_name
-        return cast(Scorer, policy.build_scorer(draft, **kwargs))
 
     # ------------------------------------------------------------------ preparing requests
     def prepare(
@@ -555,38 +476,6 @@ class ServingEngine:
         return prepared.pipeline.stream(prepared.prompt, prepared.params)
 
     # ------------------------------------------------------------------ conversations
-    def conversation_pipeline(self, options: SpecPrefillOptions | None) -> Pipeline:
-        """The pipeline a new conversation runs on: the request's policy, with the draft scorer unwrapped.
-
-        A conversation keeps the draft's cache between turns (`DraftSession`), which needs the
-        scorer itself. The scoring hook is per thread, so its draft model may score while another
-        worker scores a stateless request.
-        """
-        if options is not None and not options.enabled:
-            key: tuple[Any, ...] = ("conversation", "dense")
-            return self._cached(key, lambda: self._bare_pipeline(self._scorer_or_dense(), _DenseSelector()))
-        name = (options.policy if options is not None else None) or self.default_policy
-        if name not in self._policy_names:
-            raise PolicyError(
-                f"unknown policy {name!r}; choose one of {', '.join(self._policy_names) or '(none installed)'}",
-                param="specprefill.policy",
-            )
-        overrides = options.overrides() if options is not None else {}
-        key = ("conversation", name, tuple(sorted(overrides.items())))
-
-        def build() -> Pipeline:
-            from ..policies import load_policy
-
-            policy = load_policy(name)
-            if overrides:
-                policy = policy.with_overrides(**overrides)
-            return self._bare_pipeline(self._scorer_for(policy), policy.build_selector())
-
-        return self._cached(key, build)
-
-    def _bare_pipeline(self, scorer: Scorer, selector: Selector) -> Pipeline:
-        return Pipeline(scorer, selector, self.backend, **self._telemetry)
-
     def begin_turn(
         self,
         entry: StoredConversation,
@@ -611,7 +500,7 @@ class ServingEngine:
         if conversation is None:
             strategy = options.conversation_strategy or self.default_strategy
             conversation = Conversation(
-                self.conversation_pipeline(options), strategy, history=given[:-1], conversation_id=entry.id
+                self.pipeline_for(options), strategy, history=given[:-1], conversation_id=entry.id
             )
             message = given[-1]
         else:
@@ -725,12 +614,3 @@ def _new_message(history: tuple[Message, ...], given: list[Message]) -> Message:
         "that are neither",
         param="messages",
     )
-
-
-def _available_policies() -> list[str]:
-    try:
-        from ..policies import list_policies
-    except ImportError:
-        logger.warning("policy presets are unavailable; only specprefill.enabled=false requests can be served")
-        return []
-    return sorted(list_policies())
