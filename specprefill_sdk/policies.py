@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MODEL_SCORERS",
     "OVERRIDE_KEYS",
+    "RENAMED",
     "SCORERS",
     "SELECTORS",
     "Policy",
@@ -154,7 +155,7 @@ class SelectorSettings(_Section):
     #: Select whole chunks of this many tokens; 1 selects single tokens.
     chunk_size: int = Field(default=32, ge=1)
     #: Prompts shorter than this are prefilled whole, without the draft (0: never).
-    min_prompt_tokens: int = Field(default=0, ge=0)
+    dense_below_tokens: int = Field(default=0, ge=0)
     #: ``adaptive``: keep the fewest tokens holding this share of the score mass ...
     coverage: float = Field(default=0.9, gt=0, le=1)
     #: ... but at least this share of the prompt ...
@@ -203,7 +204,7 @@ _OVERRIDES: dict[str, str] = {
     "keep_rate": "selector",
     "token_budget": "selector",
     "chunk_size": "selector",
-    "min_prompt_tokens": "selector",
+    "dense_below_tokens": "selector",
     "coverage": "selector",
     "min_rate": "selector",
     "max_rate": "selector",
@@ -217,6 +218,9 @@ _OVERRIDES: dict[str, str] = {
     "special_tokens": "protect",
 }
 OVERRIDE_KEYS: tuple[str, ...] = tuple(_OVERRIDES)
+#: Earlier names of settings, still read in policy files and overrides, and the names they now have.
+#: The server's ``specprefill`` request extension keeps them on the wire and passes them on as they are.
+RENAMED: dict[str, str] = {"min_prompt_tokens": "dense_below_tokens"}
 
 _SECTIONS: dict[str, type[_Section]] = {
     "scorer": ScorerSettings,
@@ -247,6 +251,9 @@ class Policy(BaseModel):
         Raises:
             PolicyError: an unknown field (the message lists the valid ones) or a bad value.
         """
+        selector = data.get("selector")
+        if isinstance(selector, dict) and any(old in selector for old in RENAMED):
+            data = {**data, "selector": _renamed(selector, "selector.")}
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
@@ -261,6 +268,7 @@ class Policy(BaseModel):
         Raises:
             PolicyError: an unknown key (the message lists the valid ones) or a bad value.
         """
+        fields = _renamed(fields, "")
         unknown = sorted(set(fields) - set(_OVERRIDES))
         if unknown:
             raise PolicyError(
@@ -299,7 +307,7 @@ class Policy(BaseModel):
             assert s.token_budget is not None
             base = cls(s.token_budget)
         else:
-            base = cls(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.min_prompt_tokens)
+            base = cls(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.dense_below_tokens)
         selector: Selector = Chunked(base, s.chunk_size) if s.chunk_size > 1 else base
         if p.sink or p.tail is not False or p.roles or p.last_user_turn or p.special_tokens:
             selector = Protect(
@@ -310,8 +318,8 @@ class Policy(BaseModel):
                 last_user_turn=p.last_user_turn,
                 special_tokens=p.special_tokens,
             )
-        if s.min_prompt_tokens and s.kind != "adaptive":
-            selector = DenseBelow(selector, s.min_prompt_tokens)
+        if s.dense_below_tokens and s.kind != "adaptive":
+            selector = DenseBelow(selector, s.dense_below_tokens)
         return selector
 
     def build_scorer(self, draft: str | LoadedModel = _DEFAULT_MODEL, **kwargs: Any) -> Scorer:
@@ -346,8 +354,8 @@ class Policy(BaseModel):
         else:
             keep = f"adaptive {s.min_rate:g}-{s.max_rate:g} (coverage {s.coverage:g})"
         parts = [keep, f"chunk {s.chunk_size}" if s.chunk_size > 1 else "token-level"]
-        if s.min_prompt_tokens:
-            parts.append(f"dense below {s.min_prompt_tokens} tokens")
+        if s.dense_below_tokens:
+            parts.append(f"dense below {s.dense_below_tokens} tokens")
         if self.scorer.kind == "draft-attention":
             parts.append(f"look-ahead {self.scorer.look_ahead}, pool {self.scorer.pool_kernel}")
             if self.scorer.layers is not None:
@@ -355,6 +363,17 @@ class Policy(BaseModel):
         else:
             parts.append(f"scorer {self.scorer.kind}")
         return ", ".join(parts)
+
+
+def _renamed(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``values`` with the earlier names of `RENAMED` replaced by the current ones (not both at once)."""
+    out = dict(values)
+    for old, new in RENAMED.items():
+        if old in out:
+            if new in out:
+                raise PolicyError(f"give {where}{new} or its earlier name {old}, not both", param=new)
+            out[new] = out.pop(old)
+    return out
 
 
 def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] = frozenset()) -> PolicyError:

@@ -93,7 +93,7 @@ def test_unknown_field_lists_the_valid_fields(tmp_path: Path) -> None:
         load_policy(path)
     message = str(info.value)
     assert "selector.keeprate" in message
-    assert "keep_rate" in message and "chunk_size" in message and "min_prompt_tokens" in message
+    assert "keep_rate" in message and "chunk_size" in message and "dense_below_tokens" in message
     path.write_text("[selecter]\nkeep_rate = 0.2\n")
     with pytest.raises(PolicyError, match="valid fields: name, description, scorer, selector, protect"):
         load_policy(path)
@@ -144,7 +144,7 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
         "look_ahead": 1,
         "pool_kernel": 5,
         "layers": 6,
-        "min_prompt_tokens": 64,
+        "dense_below_tokens": 64,
         "sink": 0,
         "tail": 4,
         "roles": ("system",),
@@ -341,3 +341,18 @@ def test_scorer_for_reuses_the_loaded_draft_and_varies_only_its_knobs(smollm) ->
     assert off.selector == KeepRate(1.0) and off.scorer is loaded and off.draft_name == loaded.model_name
     served = build_pipeline(paper, loaded, backend)
     assert served.scorer is loaded and served.selector == paper.build_selector()
+
+
+def test_the_dense_below_switch_has_one_name_and_still_reads_its_earlier_one(tmp_path: Path) -> None:
+    paper = load_policy("paper")
+    assert paper.with_overrides(dense_below_tokens=512) == paper.with_overrides(min_prompt_tokens=512)
+    assert paper.with_overrides(min_prompt_tokens=512).selector.dense_below_tokens == 512
+    assert load_policy("adaptive").selector.dense_below_tokens == 1024
+    path = tmp_path / "old.toml"
+    path.write_text("[selector]\nmin_prompt_tokens = 64\n")
+    assert load_policy(path).selector.dense_below_tokens == 64
+    path.write_text("[selector]\nmin_prompt_tokens = 64\ndense_below_tokens = 64\n")
+    with pytest.raises(PolicyError, match=r"selector\.dense_below_tokens or its earlier name min_prompt_tokens"):
+        load_policy(path)
+    with pytest.raises(PolicyError, match="not both"):
+        paper.with_overrides(min_prompt_tokens=1, dense_below_tokens=1)

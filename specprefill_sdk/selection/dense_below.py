@@ -37,7 +37,7 @@ class DenseBelow:
     def __post_init__(self) -> None:
         if not callable(getattr(self.inner, "select", None)):
             raise InvalidRequestError(f"DenseBelow wraps a selector, got {self.inner!r}", param="selector")
-        check_int(self.tokens, "min_prompt_tokens", param="min_prompt_tokens", minimum=0)
+        check_int(self.tokens, "tokens", param="tokens", minimum=0)
 
     @property
     def name(self) -> str:

@@ -92,7 +92,9 @@ class SpecPrefillOptions(_Strict):
     layers: int | None = Field(
         None, ge=1, le=1024, description="Score with the draft's first N layers only (needs look_ahead 1)."
     )
-    min_prompt_tokens: int | None = Field(None, ge=0, description="Dense prefill below this prompt length.")
+    min_prompt_tokens: int | None = Field(
+        None, ge=0, description="Dense prefill below this prompt length (the policy's dense_below_tokens)."
+    )
     sink: int | None = Field(None, ge=0, le=1024, description="Always keep this many leading tokens.")
     tail: bool | None = Field(None, description="Always keep the generation prompt at the end.")
     roles: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
