@@ -27,14 +27,14 @@ def _argument(parse: Callable[[str], object], check: Callable[[object], T], name
         try:
             return check(value)
         except InvalidRequestError as exc:
-            raise argparse.ArgumentTypeError(exc.message) from None
+            raise argparse.ArgumentTypeError(exc.message.strip()) from None  # "argument --x: must be ..."
 
     convert.__name__ = name
     return convert
 
 
 keep_rate = _argument(float, lambda v: check_rate(v, "keep rate", param="keep_rate"), "keep rate")
-positive_int = _argument(int, lambda v: check_int(v, "the value", param="value", minimum=1), "integer")
-non_negative_int = _argument(int, lambda v: check_int(v, "the value", param="value", minimum=0), "integer")
-non_negative_number = _argument(float, lambda v: check_float(v, "the value", param="value"), "number")
-positive_number = _argument(float, lambda v: check_float(v, "the value", param="value", inclusive=False), "number")
+positive_int = _argument(int, lambda v: check_int(v, "", param="value", minimum=1), "integer")
+non_negative_int = _argument(int, lambda v: check_int(v, "", param="value", minimum=0), "integer")
+non_negative_number = _argument(float, lambda v: check_float(v, "", param="value"), "number")
+positive_number = _argument(float, lambda v: check_float(v, "", param="value", inclusive=False), "number")
