@@ -8,7 +8,6 @@ Example::
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
 from collections.abc import Mapping
@@ -126,25 +125,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _configure_telemetry(kind: str) -> tuple[Any, Any]:
-    """Exporting tracer and meter providers for ``--otel`` (None, None when unavailable or ``none``)."""
+    """Exporting tracer and meter providers for ``--otel`` (None, None for ``none``).
+
+    Raises:
+        SpecPrefillError: the ``otel`` extra is not installed.
+    """
     if kind == "none":
         return None, None
-    try:
-        setup = importlib.import_module("specprefill_sdk.telemetry_setup")
-    except ImportError:
-        logger.warning("--otel %s asked for, but telemetry set-up is not available in this installation", kind)
-        return None, None
-    configure = getattr(setup, "configure", None)
-    if configure is None:
-        logger.warning("--otel %s asked for, but telemetry set-up has no configure()", kind)
-        return None, None
-    try:
-        providers = configure(kind, set_global=True, service_name="specprefill-server")
-    except TypeError:
-        providers = configure(kind)
-    if isinstance(providers, tuple) and len(providers) == 2:
-        return providers[0], providers[1]
-    return None, None
+    from ..telemetry_setup import configure
+
+    return configure(kind, set_global=True, service_name="specprefill-server")
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
