@@ -118,3 +118,11 @@ def test_the_keyword_settings_of_earlier_versions_map_onto_the_config() -> None:
     with pytest.warns(DeprecationWarning, match="ServerConfig"):
         config = _config("smollm2-135m", {"api_key": "k", "default_strategy": "refresh", "max_body_bytes": None})
     assert config == ServerConfig(model="smollm2-135m", api_keys=("k",), session_strategy="refresh")
+
+
+def test_the_wire_name_of_the_dense_below_switch_reaches_the_policy() -> None:
+    from specprefill_sdk.policies import load_policy
+    from specprefill_sdk.server.schemas import SpecPrefillOptions
+
+    overrides = SpecPrefillOptions(min_prompt_tokens=64).overrides()
+    assert load_policy("paper").with_overrides(**overrides).selector.dense_below_tokens == 64
