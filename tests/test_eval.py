@@ -312,7 +312,7 @@ def test_merge_refuses_other_settings_and_a_repeated_seed():
 
 
 def test_the_cli_merges_result_files(tmp_path, capsys):
-    from specprefill_sdk.eval import cli
+    from specprefill_sdk.cli import eval as cli
 
     a = write_report(_seeded(0, True), tmp_path, stem="a", command="specprefill eval --seed 0", plot=False)
     b = write_report(_seeded(1, False), tmp_path, stem="b", command="specprefill eval --seed 1", plot=False)
@@ -336,7 +336,7 @@ def test_the_cli_merges_result_files(tmp_path, capsys):
 @pytest.mark.slow
 def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
     """The small CI configuration: one task, two keep rates, two methods, answers generated."""
-    from specprefill_sdk.eval import cli
+    from specprefill_sdk.cli import eval as cli
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
