@@ -13,9 +13,34 @@ from typing import TypeVar
 from ..errors import InvalidRequestError
 from ..validation import check_float, check_int, check_rate
 
-__all__ = ["keep_rate", "non_negative_int", "non_negative_number", "positive_int", "positive_number"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "add_model_options",
+    "keep_rate",
+    "non_negative_int",
+    "non_negative_number",
+    "positive_int",
+    "positive_number",
+]
 
 T = TypeVar("T")
+
+#: The target of every command when ``--model`` is not given (`specprefill_sdk.models.DEFAULT_MODEL`).
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, compile_help: str = "") -> None:
+    """``--model``, ``--draft``, ``--device``, ``--dtype`` and, with ``compile_help``, ``--compile``."""
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"target model: a bundled name, a model folder, a .gguf file, a cached hub id (default: {DEFAULT_MODEL})",
+    )
+    parser.add_argument("--draft", default=None, help="draft model spec (default: the target itself)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
+    parser.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
+    if compile_help:
+        parser.add_argument("--compile", action="store_true", help=compile_help)
 
 
 def _argument(parse: Callable[[str], object], check: Callable[[object], T], name: str) -> Callable[[str], T]:

@@ -21,6 +21,7 @@ from ..errors import InvalidRequestError
 from ..eval.harness import DEFAULT_KEEP_RATES, EvalConfig, EvalResult
 from ..eval.methods import DEFAULT_METHODS, method_names
 from ..eval.tasks import task_names
+from ._args import add_model_options
 
 __all__ = ["add_arguments", "main"]
 
@@ -29,12 +30,7 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``eval`` options to ``parser``."""
-    parser.add_argument(
-        "--model",
-        default="smollm2-135m",
-        help="target model: a bundled name, a model folder or a .gguf file (default: smollm2-135m)",
-    )
-    parser.add_argument("--draft", default=None, help="draft model (default: the target itself)")
+    add_model_options(parser)
     parser.add_argument(
         "--tasks",
         nargs="+",
@@ -74,8 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="answer length (default: per task)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the samples and the random baseline")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda, ...")
-    parser.add_argument("--dtype", default="auto", help="auto (bf16), float32, ...")
     parser.add_argument("--out", default="eval-results", help="output folder (default: eval-results)")
     parser.add_argument("--name", default="eval", help="file name stem of the outputs (default: eval)")
     parser.add_argument("--no-plot", dest="plot", action="store_false", help="skip the PNG plot")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidRequestError
-from ._args import keep_rate, non_negative_number, positive_int
+from ._args import add_model_options, keep_rate, non_negative_number, positive_int
 
 if TYPE_CHECKING:
     from ..pipeline import Pipeline
@@ -39,14 +39,8 @@ logger = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` options to ``parser``."""
     models = parser.add_argument_group("models")
-    models.add_argument("--model", default="smollm2-135m", help="target model spec (default: smollm2-135m)")
-    models.add_argument("--draft", default=None, help="draft model spec (default: the target itself)")
-    models.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
-    models.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
-    models.add_argument(
-        "--compile",
-        action="store_true",
-        help="fuse element-wise work with torch.compile (CUDA only; the first long prompt compiles)",
+    add_model_options(
+        models, compile_help="fuse element-wise work with torch.compile (CUDA only; the first long prompt compiles)"
     )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..server import DEFAULT_WARMUP_TOKENS
 from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig
-from ._args import non_negative_int, positive_int, positive_number
+from ._args import add_model_options, non_negative_int, positive_int, positive_number
 
 __all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "config_from_args", "main"]
 
@@ -36,8 +36,11 @@ def api_keys(given: list[str] | None, env: str | None) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``serve`` options to ``parser``."""
-    parser.add_argument("--model", default=_D.model, help=f"target model spec (default: {_D.model})")
-    parser.add_argument("--draft", default=None, help="draft model spec (default: the target itself)")
+    add_model_options(
+        parser,
+        compile_help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the "
+        "first long prompts compile, tens of seconds: see --warmup-tokens)",
+    )
     parser.add_argument("--policy", default=_D.policy, help=f"default policy preset (default: {_D.policy})")
     parser.add_argument("--host", default=_D.host, help=f"address to bind (default: {_D.host})")
     parser.add_argument("--port", type=non_negative_int, default=_D.port, help=f"port to bind (default: {_D.port})")
@@ -98,14 +101,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: {_D.session_strategy})",
     )
     parser.add_argument("--served-model-name", default=None, help="model id clients send (default: --model)")
-    parser.add_argument("--device", default=_D.device, help="cpu, cuda, cuda:1 ... (default: auto)")
-    parser.add_argument("--dtype", default=_D.dtype, help="bfloat16, float16, float32 (default: auto)")
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the first "
-        "long prompts compile, tens of seconds: see --warmup-tokens)",
-    )
     parser.add_argument(
         "--warmup-tokens",
         type=non_negative_int,
