@@ -4,6 +4,10 @@ A policy says *how* a prompt is compressed; the model and backend are chosen sep
 live in the top-level ``policies/`` folder of the repository and are shipped inside the wheel as
 ``specprefill_sdk/_policies``; any ``.toml`` file with the same layout works too.
 
+This module also owns the registries of scorer and selector kinds (`SCORERS`, `SELECTORS`) and
+decides how a policy is served by models a process has already loaded (`scorer_for`,
+`build_pipeline`): the server asks it per request instead of re-deriving scorers itself.
+
 Example::
 
     from specprefill_sdk.policies import load_pipeline, load_policy
