@@ -42,7 +42,7 @@ def kept_rows(name: str, target: Any, n: int, rates: list[float], bench: Any) ->
     """A target's prefill of the tokens a keep rate leaves of ``n``, at their positions: plain, lean, compiled."""
     from transformers import DynamicCache
 
-    from specprefill_sdk._lean import LeanModel
+    from specprefill_sdk.runtime.lean import LeanModel
 
     rows = []
     gen = torch.Generator().manual_seed(7)

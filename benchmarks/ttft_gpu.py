@@ -51,8 +51,8 @@ sys.path.insert(0, str(ROOT))
 from specprefill_sdk.backends import TransformersBackend  # noqa: E402
 from specprefill_sdk.models import LoadedModel, cache_argument  # noqa: E402
 from specprefill_sdk.pipeline import Pipeline  # noqa: E402
+from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, sdpa_context  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.scoring.draft_attention import DEFAULT_ATTENTION_BACKENDS, _sdpa_context  # noqa: E402
 from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
 from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
 
@@ -255,7 +255,7 @@ def best_kernels(device: torch.device) -> Any:
     A plain forward should not run a slower kernel than the scorer's prefill does (which asks for this
     order itself); the scorer's own context also settles torch's order before it saves it.
     """
-    return _sdpa_context(DEFAULT_ATTENTION_BACKENDS, device)
+    return sdpa_context(DEFAULT_ATTENTION_BACKENDS, device)
 
 
 @torch.inference_mode()

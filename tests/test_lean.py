@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from specprefill_sdk._lean import LeanModel, greedy_token, sdpa_one_query
+from specprefill_sdk.runtime.lean import LeanModel, greedy_token, sdpa_one_query
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt

@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from specprefill_sdk._norms import fused_norms, install_fused_norms
+from specprefill_sdk.runtime.norms import fused_norms, install_fused_norms
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer
 
@@ -107,7 +107,7 @@ def test_scores_with_and_without_fused_norms_agree(smollm_fp32, essay, look_ahea
 
 
 def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monkeypatch) -> None:
-    import specprefill_sdk._norms as norms
+    import specprefill_sdk.runtime.norms as norms
     from specprefill_sdk.backends import TransformersBackend
     from specprefill_sdk.types import CompressedPrompt, Prompt
 

@@ -259,18 +259,18 @@ def test_one_query_attention_over_a_masked_buffer_equals_sdpa(slots):
 
 def test_scoring_restores_cudnn_attention_that_another_library_turned_off():
     """vLLM calls ``enable_cudnn_sdp(False)`` at import; the scorer's prefill context turns it back on."""
-    from specprefill_sdk.scoring.draft_attention import _attention_backends, _sdpa_context
+    from specprefill_sdk.runtime.attention import check_attention_backends, sdpa_context
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)
     try:
-        with _sdpa_context(_attention_backends(["cudnn", "flash"]), torch.device("cuda")):
+        with sdpa_context(check_attention_backends(["cudnn", "flash"]), torch.device("cuda")):
             assert torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.flash_sdp_enabled()
             assert not torch.backends.cuda.math_sdp_enabled()
         assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
-        with _sdpa_context(_attention_backends(["cudnn"]), torch.device("cpu")):  # CPU: nothing changes
+        with sdpa_context(check_attention_backends(["cudnn"]), torch.device("cpu")):  # CPU: nothing changes
             assert not torch.backends.cuda.cudnn_sdp_enabled()
-        with _sdpa_context(None, torch.device("cuda")):
+        with sdpa_context(None, torch.device("cuda")):
             assert not torch.backends.cuda.cudnn_sdp_enabled()
     finally:
         torch.backends.cuda.enable_cudnn_sdp(before)
@@ -278,7 +278,7 @@ def test_scoring_restores_cudnn_attention_that_another_library_turned_off():
 
 @pytest.mark.parametrize("value", [[], ["fast"], ("flash", "vulkan")])
 def test_unknown_attention_backends_are_refused(value):
-    from specprefill_sdk.scoring.draft_attention import _attention_backends
+    from specprefill_sdk.runtime.attention import check_attention_backends
 
     with pytest.raises(InvalidRequestError, match="attention_backends"):
-        _attention_backends(value)
+        check_attention_backends(value)

@@ -26,11 +26,11 @@ from typing import Any
 
 import torch
 
-from .._lean import LeanModel
-from .._norms import fused_norms, install_fused_norms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
+from ..runtime.lean import LeanModel
+from ..runtime.norms import fused_norms, install_fused_norms
 from ..types import (
     Completion,
     CompletionChunk,

@@ -27,17 +27,23 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from ..models import text_config
+from ..runtime.attention import HOOKED_IMPLEMENTATIONS, HOOKED_PREFIX
 
-__all__ = ["DraftStopped", "LayerStop", "QueryRecorder", "ScoreCollector", "install", "pool_rows", "skipped_layers"]
+__all__ = [
+    "DraftStopped",
+    "LayerStop",
+    "QueryRecorder",
+    "ScoreCollector",
+    "install",
+    "pool_rows",
+    "skipped_layers",
+]
 
 logger = logging.getLogger(__name__)
 
 _ACTIVE: contextvars.ContextVar[ScoreCollector | QueryRecorder | None] = contextvars.ContextVar(
     "specprefill_scoring", default=None
 )
-_PREFIX = "specprefill_"
-#: implementations the hook can wrap (the base it delegates to) -> the registered name
-_WRAPPED = {"sdpa": _PREFIX + "sdpa", "eager": _PREFIX + "eager"}
 _install_lock = threading.Lock()
 #: `QueryRecorder.attend` splits its product with the values into blocks of this many cache slots
 _SPLIT = 1024
@@ -351,7 +357,7 @@ def _make_wrapper(base: str) -> Callable[..., Any]:
         fn = ALL_ATTENTION_FUNCTIONS[base] if base != "eager" else _eager_function(module)
         return fn(module, query, key, value, attention_mask, *args, **kwargs)
 
-    attention.__name__ = f"{_PREFIX}{base}_attention_forward"
+    attention.__name__ = f"{HOOKED_PREFIX}{base}_attention_forward"
     return attention
 
 
@@ -362,7 +368,7 @@ def _register() -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
-    for base, name in _WRAPPED.items():
+    for base, name in HOOKED_IMPLEMENTATIONS.items():
         AttentionInterface.register(name, _make_wrapper(base))
         # Masks must be built exactly as for the wrapped implementation.
         AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base])
@@ -378,20 +384,14 @@ def install(model: Any) -> None:
     with _install_lock:
         _register()
         current = model.config._attn_implementation
-        if current in _WRAPPED.values():
+        if current in HOOKED_IMPLEMENTATIONS.values():
             return
-        if current not in _WRAPPED:
+        if current not in HOOKED_IMPLEMENTATIONS:
             raise ModelLoadError(
                 f"the draft model uses attn_implementation={current!r}; draft-attention scoring needs 'sdpa' or "
                 "'eager' (load it with attn_implementation='sdpa')"
             )
-        model.set_attn_implementation(_WRAPPED[current])
-        if model.config._attn_implementation != _WRAPPED[current]:
+        model.set_attn_implementation(HOOKED_IMPLEMENTATIONS[current])
+        if model.config._attn_implementation != HOOKED_IMPLEMENTATIONS[current]:
             raise ModelLoadError(f"{type(model).__name__} does not allow switching its attention implementation")
-        logger.debug("draft attention hooked: %s -> %s", current, _WRAPPED[current])
-
-
-def base_implementation(model: Any) -> str:
-    """The implementation a hooked model delegates to (``sdpa`` or ``eager``), else its own."""
-    current = str(model.config._attn_implementation)
-    return current.removeprefix(_PREFIX) if current in _WRAPPED.values() else current
+        logger.debug("draft attention hooked: %s -> %s", current, HOOKED_IMPLEMENTATIONS[current])

@@ -6,14 +6,14 @@ them in stacked fixed buffers so that:
 
 - the prefill keeps no cache: each layer's keys (and values, when there are decode steps) go into
   the buffers and the last prompt token's query is recorded, with no scoring work inside the pass.
-  For Llama-style drafts a `LeanModel` (`specprefill_sdk._lean`) computes the prefill of an
+  For Llama-style drafts a `LeanModel` (`specprefill_sdk.runtime.lean`) computes the prefill of an
   unpadded batch and every decode step from the weights and writes them there itself; otherwise
   the model's forward runs and a `QueryRecorder` in its attention hook copies them;
 - every decode step is identical in shape and reads and writes only device tensors (the input token,
   its position, its cache slot, a 4-D additive mask whose slot is unmasked in place, the step index),
   so that on CUDA it is captured once as a graph and replayed. Run eagerly, each step of a small model
   costs far more in Python and kernel launches than in arithmetic;
-- Llama-style RMSNorm layers run as one fused kernel plus the weight (`specprefill_sdk._norms`), when asked;
+- Llama-style RMSNorm layers run as one fused kernel plus the weight (`specprefill_sdk.runtime.norms`), when asked;
 - with a compiled `LeanModel`, each decode step runs one `torch.compile`d function per layer;
 - all queries of all layers are scored together at the end (`ScoreCollector.observe_stacked`), with
   the same arithmetic as one at a time;
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from .._lean import LeanModel
-from .._norms import fused_norms
 from ..models import cache_argument, forward_parameters, text_config
+from ..runtime.lean import LeanModel
+from ..runtime.norms import fused_norms
 from ._attention_hook import DraftStopped, QueryRecorder
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]

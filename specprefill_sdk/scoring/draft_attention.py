@@ -16,9 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import inspect
 import logging
 import threading
 import time
@@ -27,10 +24,11 @@ from typing import Any
 
 import torch
 
-from .._lean import LeanModel
-from .._norms import install_fused_norms
 from ..errors import InvalidRequestError, SpecPrefillError
 from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
+from ..runtime.attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends, sdpa_context
+from ..runtime.lean import LeanModel
+from ..runtime.norms import install_fused_norms
 from ..types import Prompt, TokenScores, int64_tensor
 from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
@@ -39,75 +37,6 @@ from ._lookahead import StaticLookAhead, supports_static_look_ahead
 __all__ = ["DraftAttentionScorer"]
 
 logger = logging.getLogger(__name__)
-
-
-#: SDPA kernels by name, for ``DraftAttentionScorer(attention_backends=...)``: name -> `SDPBackend` member
-_SDPA_KERNELS = {
-    "cudnn": "CUDNN_ATTENTION",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "math": "MATH",
-}
-DEFAULT_ATTENTION_BACKENDS: tuple[str, ...] = tuple(_SDPA_KERNELS)
-
-
-def _attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = (value,)
-    names = tuple(value)
-    unknown = [n for n in names if n not in _SDPA_KERNELS]
-    if not names or unknown:
-        raise InvalidRequestError(
-            f"attention_backends must be a non-empty sequence of {', '.join(_SDPA_KERNELS)}; got {value!r}",
-            param="attention_backends",
-        )
-    return names
-
-
-@functools.cache
-def _sdpa_takes_priority() -> bool:
-    """Whether this torch's `sdpa_kernel` orders the kernels it is given (``set_priority``)."""
-    from torch.nn.attention import sdpa_kernel
-
-    return "set_priority" in inspect.signature(sdpa_kernel).parameters
-
-
-_sdpa_order_ready: set[int] = set()
-
-
-def settle_sdpa_order(device: torch.device) -> None:
-    """Let torch choose its own SDPA kernel order on ``device`` before anyone saves and restores it.
-
-    torch fixes its order lazily, at the first attention call of the process (cuDNN first on Hopper
-    and Blackwell GPUs, flash first elsewhere). An ``sdpa_kernel(..., set_priority=True)`` context
-    entered before that call saves the uninitialised order (flash first) and restores it on exit, so
-    every later attention call in the process runs flash instead of cuDNN (1.24x slower at 32K on an
-    H200). One tiny attention call settles the order first; it runs once per device.
-    """
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index in _sdpa_order_ready:
-        return
-    q = torch.zeros(1, 1, 1, 64, dtype=torch.bfloat16, device=device)
-    with torch.inference_mode():
-        torch.nn.functional.scaled_dot_product_attention(q, q, q)
-    _sdpa_order_ready.add(index)
-
-
-def _sdpa_context(names: tuple[str, ...] | None, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """SDPA restricted to ``names`` in that order of preference (CUDA only; elsewhere nothing changes)."""
-    if names is None or device.type != "cuda":
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backends = [getattr(SDPBackend, _SDPA_KERNELS[n]) for n in names]
-    if _sdpa_takes_priority():
-        settle_sdpa_order(device)
-        return sdpa_kernel(backends, set_priority=True)
-    return sdpa_kernel(backends)
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -203,7 +132,7 @@ class DraftAttentionScorer:
         self.lean = bool(lean)
         self.compile = bool(compile)
         self.cuda_graph = bool(cuda_graph)
-        self.attention_backends = _attention_backends(attention_backends)
+        self.attention_backends = check_attention_backends(attention_backends)
         self.fused_norms = bool(fused_norms)
         self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
         self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
@@ -426,7 +355,7 @@ class DraftAttentionScorer:
         cache = {self._cache_arg: DynamicCache(config=model.config)}
         if self.layers is not None:
             collector.stop_after = self.layers - 1
-        with torch.inference_mode(), collector.active(), _sdpa_context(self.attention_backends, device):
+        with torch.inference_mode(), collector.active(), sdpa_context(self.attention_backends, device):
             collector.begin_step(0)
             try:
                 out = model(
@@ -506,7 +435,7 @@ class DraftAttentionScorer:
         collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
         with self._runner_lock:
             runner = self._runner_for(size, width, steps)
-            with _sdpa_context(self.attention_backends, self.loaded.device):
+            with sdpa_context(self.attention_backends, self.loaded.device):
                 first = runner.prefill(input_ids, attention_mask, position_ids)
             if not runner.written:
                 raise SpecPrefillError(

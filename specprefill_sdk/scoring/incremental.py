@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from .._norms import fused_norms
 from ..errors import SpecPrefillError
 from ..models import cache_argument
+from ..runtime.norms import fused_norms
 from ..types import Prompt, TokenScores
 from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
 from ._attention_hook import DraftStopped, LayerStop, ScoreCollector, skipped_layers

@@ -30,8 +30,9 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ._norms import fused_rms_norm
-from .models import text_config
+from ..models import text_config
+from .attention import base_implementation
+from .norms import fused_rms_norm
 
 __all__ = ["LeanModel"]
 
@@ -140,7 +141,7 @@ def _packed_split(layers: Any) -> tuple[int, int, int] | None:
 
 
 def _norm(x: torch.Tensor, weight: torch.Tensor, eps: float, fused: bool) -> torch.Tensor:
-    """Llama's RMSNorm: fused (`specprefill_sdk._norms`) or as transformers writes it."""
+    """Llama's RMSNorm: fused (`specprefill_sdk.runtime.norms`) or as transformers writes it."""
     if fused:
         return fused_rms_norm(x, weight, eps)
     dtype = x.dtype
@@ -325,7 +326,7 @@ def _reason(model: Any) -> str | None:
     norms = [base.norm] + [m for layer in base.layers for m in (layer.input_layernorm, layer.post_attention_layernorm)]
     if not all(isinstance(getattr(m, "variance_epsilon", None), float) for m in norms):
         return "a norm without variance_epsilon"
-    from ._norms import _fused_class
+    from .norms import _fused_class
 
     for m in norms:
         cls = type(m) if not getattr(type(m), "_specprefill_fused", False) else type(m).__mro__[1]
@@ -343,8 +344,6 @@ def _reason(model: Any) -> str | None:
             return "an MLP other than a bias-free gated SiLU"
         if not isinstance(getattr(attn, "scaling", None), float):
             return "an attention layer without a scaling"
-    from .scoring._attention_hook import base_implementation
-
     # The prefill's attention relies on SDPA's own causal mask (no mask is built); transformers' eager
     # attention applies none without one.
     implementation = base_implementation(model)
@@ -364,7 +363,7 @@ class LeanModel:
     """A Llama-style model's forward passes from its weights: the scorer's prefill and steps, the backend's prefill.
 
     Build with `build` (None for a model it does not compute). ``fused`` selects the fused RMSNorm
-    (`specprefill_sdk._norms`); ``compiled`` runs each decode step's layers, and the layers of prefills
+    (`specprefill_sdk.runtime.norms`); ``compiled`` runs each decode step's layers, and the layers of prefills
     of at least `COMPILE_MIN_ELEMENTS` hidden-state elements, as `torch.compile`d functions (CUDA only;
     the first call compiles, once per process and kind of model). ``packed`` stores each layer's query,
     key and value weights (and biases), and its gate and up weights, in one buffer each, in place
