@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from ttft_gpu import CONFIGS, build_model, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
 
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.scoring.reference import reference_draft_attention_scores  # noqa: E402
+from specprefill_sdk.scoring.draft_attention import reference_draft_attention_scores  # noqa: E402
 from specprefill_sdk.types import Prompt  # noqa: E402
 
 DRAFTS = ("llama-3.2-1b", "qwen2.5-0.5b")

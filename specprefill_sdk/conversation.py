@@ -285,7 +285,7 @@ class Conversation:
         from .scoring.draft_attention import DraftAttentionScorer
 
         if isinstance(self.pipeline.scorer, DraftAttentionScorer):
-            from .scoring.incremental import DraftSession
+            from .scoring.draft_attention import DraftSession
 
             return DraftSession(self.pipeline.scorer)
         return None

@@ -7,7 +7,7 @@ import torch
 
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer
-from specprefill_sdk.scoring.incremental import DraftSession
+from specprefill_sdk.scoring.draft_attention import DraftSession
 
 pytestmark = pytest.mark.slow
 

@@ -9,12 +9,12 @@ import pytest
 import torch
 from tiny_models import tiny_model
 
-from specprefill_sdk.runtime.lean import LeanModel, greedy_token, sdpa_one_query
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.runtime.lean import LeanModel, greedy_token, sdpa_one_query
 from specprefill_sdk.scoring import DraftAttentionScorer
-from specprefill_sdk.scoring._attention_hook import QueryRecorder
+from specprefill_sdk.scoring.draft_attention.hook import QueryRecorder
 from specprefill_sdk.types import CompressedPrompt, SamplingParams, Selection
 
 pytestmark = pytest.mark.slow

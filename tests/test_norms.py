@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from specprefill_sdk.runtime.norms import fused_norms, install_fused_norms
 from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.runtime.norms import fused_norms, install_fused_norms
 from specprefill_sdk.scoring import DraftAttentionScorer
 
 

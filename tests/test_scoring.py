@@ -12,7 +12,13 @@ from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.interfaces import Scorer
 from specprefill_sdk.scoring import HeadTailScorer, RandomScorer, RecencyScorer, UniformScorer
 from specprefill_sdk.scoring._alignment import DraftTokens, project_scores, to_draft_tokens
-from specprefill_sdk.scoring._attention_hook import QueryRecorder, ScoreCollector, install, pool_rows, skipped_layers
+from specprefill_sdk.scoring.draft_attention.hook import (
+    QueryRecorder,
+    ScoreCollector,
+    install,
+    pool_rows,
+    skipped_layers,
+)
 from specprefill_sdk.types import Prompt
 
 

@@ -14,7 +14,7 @@ from specprefill_sdk.models import LoadedModel
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.scoring import DraftAttentionScorer, SelfInformationScorer
 from specprefill_sdk.scoring._alignment import project_scores
-from specprefill_sdk.scoring.reference import greedy_look_ahead, reference_draft_attention_scores
+from specprefill_sdk.scoring.draft_attention import greedy_look_ahead, reference_draft_attention_scores
 from specprefill_sdk.types import Prompt
 
 pytestmark = pytest.mark.slow

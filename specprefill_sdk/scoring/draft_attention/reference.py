@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ..models import LoadedModel
-from ._attention_hook import skipped_layers
+from ...models import LoadedModel
+from .hook import skipped_layers
 
 __all__ = ["greedy_look_ahead", "reference_draft_attention_scores"]
 

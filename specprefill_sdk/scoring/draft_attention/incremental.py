@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from ..errors import SpecPrefillError
-from ..models import cache_argument
-from ..runtime.norms import fused_norms
-from ..types import Prompt, TokenScores
-from ._alignment import check_prompt, same_vocabulary, to_draft_tokens
-from ._attention_hook import DraftStopped, LayerStop, ScoreCollector, skipped_layers
-from .draft_attention import DraftAttentionScorer
+from ...errors import SpecPrefillError
+from ...models import cache_argument
+from ...runtime.norms import fused_norms
+from ...types import Prompt, TokenScores
+from .._alignment import check_prompt, same_vocabulary, to_draft_tokens
+from .hook import DraftStopped, LayerStop, ScoreCollector, skipped_layers
+from .scorer import DraftAttentionScorer
 
 __all__ = ["DraftSession"]
 

@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from ..models import cache_argument, forward_parameters, text_config
-from ..runtime.lean import LeanModel
-from ..runtime.norms import fused_norms
-from ._attention_hook import DraftStopped, QueryRecorder
+from ...models import cache_argument, forward_parameters, text_config
+from ...runtime.lean import LeanModel
+from ...runtime.norms import fused_norms
+from .hook import DraftStopped, QueryRecorder
 
 __all__ = ["StaticLookAhead", "supports_static_look_ahead"]
 

@@ -24,15 +24,15 @@ from typing import Any
 
 import torch
 
-from ..errors import InvalidRequestError, SpecPrefillError
-from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
-from ..runtime.attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends, sdpa_context
-from ..runtime.lean import LeanModel
-from ..runtime.norms import install_fused_norms
-from ..types import Prompt, TokenScores, int64_tensor
-from ._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
-from ._attention_hook import DraftStopped, ScoreCollector, install, skipped_layers
-from ._lookahead import StaticLookAhead, supports_static_look_ahead
+from ...errors import InvalidRequestError, SpecPrefillError
+from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
+from ...runtime.attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends, sdpa_context
+from ...runtime.lean import LeanModel
+from ...runtime.norms import install_fused_norms
+from ...types import Prompt, TokenScores, int64_tensor
+from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
+from .hook import DraftStopped, ScoreCollector, install, skipped_layers
+from .lookahead import StaticLookAhead, supports_static_look_ahead
 
 __all__ = ["DraftAttentionScorer"]
 

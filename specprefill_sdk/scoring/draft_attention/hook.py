@@ -25,9 +25,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ModelLoadError
-from ..models import text_config
-from ..runtime.attention import HOOKED_IMPLEMENTATIONS, HOOKED_PREFIX
+from ...errors import ModelLoadError
+from ...models import text_config
+from ...runtime.attention import HOOKED_IMPLEMENTATIONS, HOOKED_PREFIX
 
 __all__ = [
     "DraftStopped",
