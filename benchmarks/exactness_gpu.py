@@ -4,9 +4,9 @@ For each draft architecture (random weights), one prompt of random ids, look-ahe
 
 - ``graph``: `DraftAttentionScorer` as shipped (fixed buffers, CUDA graph, fused RMSNorm, lean passes);
 - ``compiled``: the same with ``compile=True`` (element-wise work fused by `torch.compile`, CUDA only);
-- ``modules``: the CUDA graph with the passes run through transformers' modules (``lean=False``);
+- ``modules``: the CUDA graph with the passes run through transformers' modules (``ExecutionSettings(lean=False)``);
 - ``eager``: the shipped path without the CUDA graph;
-- ``unfused``: the CUDA graph with transformers' own RMSNorm (``fused_norms=False``);
+- ``unfused``: the CUDA graph with transformers' own RMSNorm (``ExecutionSettings(fused_norms=False)``);
 - ``stepwise``: step-by-step decoding over a growing cache (the path of windowed drafts);
 - ``early``: look-ahead 1 with the draft's first half of its layers only (``layers=depth // 2``: the
   forward pass stops there), against the reference restricted to the same layers;
@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from ttft_gpu import CONFIGS, build_model, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
 
+from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.scoring.draft_attention import reference_draft_attention_scores  # noqa: E402
 from specprefill_sdk.types import Prompt  # noqa: E402
@@ -72,13 +73,18 @@ def compare(loaded: Any, tokenizer: Any, n: int) -> dict[str, Any]:
     ids = torch.randint(1000 if vocab > 5000 else 10, vocab - 10, (n,), generator=gen).tolist()
     prompt = Prompt.from_token_ids(ids)
     graph = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer)
-    eager = graph.with_options()
-    eager.cuda_graph = False
-    unfused = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, fused_norms=False)
+    eager = graph.with_options(execution=ExecutionSettings(cuda_graph=False))
+    unfused = DraftAttentionScorer(
+        loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, execution=ExecutionSettings(fused_norms=False)
+    )
     stepwise = graph.with_options()
     stepwise._static = False
-    compiled = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, compile=True)
-    modules = DraftAttentionScorer(loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, lean=False)
+    compiled = DraftAttentionScorer(
+        loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, execution=ExecutionSettings(compile=True)
+    )
+    modules = DraftAttentionScorer(
+        loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, execution=ExecutionSettings(lean=False)
+    )
     expected, continuation = reference_draft_attention_scores(loaded, ids, look_ahead=LOOK_AHEAD)
     peak = float(expected.abs().max())
     row: dict[str, Any] = {"n": n, "dtype": str(loaded.dtype).removeprefix("torch."), "reference_peak": peak}

@@ -49,6 +49,7 @@ from ttft_gpu import (  # noqa: E402
 
 from specprefill_sdk.backends import TransformersBackend  # noqa: E402
 from specprefill_sdk.pipeline import Pipeline  # noqa: E402
+from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
 
@@ -172,7 +173,9 @@ def draft_rows(name: str, draft: Any, tokenizer: Any, lengths: list[int], bench:
         la: DraftAttentionScorer(draft, look_ahead=la, pool_kernel=13, target_tokenizer=tokenizer) for la in (1, 8)
     }
     # transformers' own RMSNorm (eight kernels) in the scoring passes, for comparison
-    unfused = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=tokenizer, fused_norms=False)
+    unfused = DraftAttentionScorer(
+        draft, look_ahead=8, pool_kernel=13, target_tokenizer=tokenizer, execution=ExecutionSettings(fused_norms=False)
+    )
     gen = torch.Generator().manual_seed(99)
     for n in lengths:
         ids_cpu = torch.randint(1000, draft.model.config.vocab_size - 1000, (n,), generator=gen)
@@ -244,7 +247,7 @@ def markdown(result: dict[str, Any]) -> str:
         "## Scoring phases (drafts alone)",
         "",
         "LA8 phases with RMSNorm fused in the scoring passes (the default) and, after the slash, with "
-        "transformers' own RMSNorm (`fused_norms=False`).",
+        "transformers' own RMSNorm (`ExecutionSettings(fused_norms=False)`).",
         "",
         "| draft | n | plain prefill ms | no-cache prefill ms | score LA1 ms | score LA8 ms "
         "| LA8 prefill ms | LA8 steps ms (per step) | LA8 reduction ms |",

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -51,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 from specprefill_sdk.backends import TransformersBackend  # noqa: E402
 from specprefill_sdk.models import LoadedModel, cache_argument  # noqa: E402
 from specprefill_sdk.pipeline import Pipeline  # noqa: E402
+from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
 from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, sdpa_context  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
@@ -312,10 +314,11 @@ def bench_pair(
     sink: Callable[[dict[str, Any]], None],
 ) -> None:
     """Every length of one target/draft pair; each finished length goes to ``sink``."""
-    backend = TransformersBackend(target, compile=args.compile)
+    execution = ExecutionSettings(compile=args.compile)
+    backend = TransformersBackend(target, execution=execution)
     scorers = {
         la: DraftAttentionScorer(
-            draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer, compile=args.compile
+            draft, look_ahead=la, pool_kernel=13, target_tokenizer=target.tokenizer, execution=execution
         )
         for la in args.look_aheads
     }
@@ -381,8 +384,7 @@ def bench_length(
             "held_between_calls_mib": held,
         }
         if la > 1:
-            eager = scorer.with_options()
-            eager.cuda_graph = False
+            eager = scorer.with_options(execution=dataclasses.replace(scorer.execution, cuda_graph=False))
             eager_ms, eager_runs = bench.median(partial(eager.score, prompt))
             row["score"][la]["no_graph_ms"], row["score"][la]["no_graph_runs"] = eager_ms, eager_runs
     row["cells"] = []
@@ -466,8 +468,7 @@ def exactness(
     gen = torch.Generator().manual_seed(7)
     prompt = Prompt.from_token_ids(torch.randint(1000, vocab - 1000, (n,), generator=gen).tolist())
     graph = DraftAttentionScorer(draft, look_ahead=look_ahead, target_tokenizer=target.tokenizer)
-    eager = graph.with_options()
-    eager.cuda_graph = False
+    eager = graph.with_options(execution=ExecutionSettings(cuda_graph=False))
     stepwise = graph.with_options()
     stepwise._static = False
     first, replayed = graph.score(prompt), graph.score(prompt)  # capture, then replay only

@@ -47,6 +47,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from ttft_gpu import CONFIGS, PAIRS, build_model, environment, synthetic_tokenizer, tiny
 
     from specprefill_sdk.backends import TransformersBackend
+    from specprefill_sdk.runtime import ExecutionSettings
     from specprefill_sdk.scoring import DraftAttentionScorer
     from specprefill_sdk.server import ServerConfig, create_app
     from specprefill_sdk.server.engine import RequestContext
@@ -61,8 +62,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     tokenizer = synthetic_tokenizer(max(tcfg["vocab_size"], dcfg["vocab_size"]))
     target = build_model(target_name, tcfg, device, tokenizer)
     draft = build_model(draft_name, dcfg, device, tokenizer)
-    backend = TransformersBackend(target, compile=True)
-    scorer = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=tokenizer, compile=True)
+    execution = ExecutionSettings(compile=True)
+    backend = TransformersBackend(target, execution=execution)
+    scorer = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=tokenizer, execution=execution)
     # the warm mode takes create_app's default, except on a CPU (the check), where the default is none
     warmup: int | None = 0 if args.mode == "cold" else (args.tiny_warmup if device.type == "cpu" else None)
     started = time.perf_counter()

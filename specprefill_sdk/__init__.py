@@ -73,6 +73,8 @@ _EXPORTS: dict[str, str] = {
     "TransformersBackend": "backends",
     "OpenAIBackend": "backends",
     "VLLMBackend": "backends",
+    # how the scorer's and the backend's passes run
+    "ExecutionSettings": "runtime",
     # policies, conversations
     "Policy": "policies",
     "load_policy": "policies",
@@ -97,6 +99,7 @@ __all__ = [
     "Conversation",
     "DenseBelow",
     "DraftAttentionScorer",
+    "ExecutionSettings",
     "HeadTailScorer",
     "InvalidRequestError",
     "KeepRate",
@@ -154,6 +157,7 @@ if TYPE_CHECKING:
     from .pipeline import Compression, Pipeline
     from .policies import Policy, list_policies, load_pipeline, load_policy
     from .prompt import build_prompt
+    from .runtime import ExecutionSettings
     from .scoring import (
         DraftAttentionScorer,
         HeadTailScorer,

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from .interfaces import Backend, Scorer, Selector
     from .models import LoadedModel
     from .pipeline import Pipeline
+    from .runtime.settings import ExecutionSettings
 
 __all__ = [
     "MODEL_SCORERS",
@@ -482,7 +483,7 @@ def load_pipeline(
     scorer: Scorer | None = None,
     tracer_provider: Any = None,
     meter_provider: Any = None,
-    compile: bool = False,
+    execution: ExecutionSettings | None = None,
     **overrides: Any,
 ) -> Pipeline:
     """Build a `Pipeline` from a policy: the policy's scorer and selector, a transformers backend.
@@ -495,9 +496,9 @@ def load_pipeline(
         backend: a ready backend (e.g. an `OpenAIBackend`) instead of a `TransformersBackend`.
         scorer: a ready scorer instead of the policy's.
         tracer_provider, meter_provider: OpenTelemetry providers for the pipeline.
-        compile: build the transformers backend and a draft-attention scorer with ``compile=True``
-            (CUDA only: their passes' element-wise work fused by `torch.compile`; the first long
-            prompt compiles). A deployment setting, not part of a policy.
+        execution: how the transformers backend and a draft-attention scorer run their passes
+            (`ExecutionSettings`, e.g. ``ExecutionSettings(compile=True)``); None: the defaults.
+            A deployment setting, not part of a policy.
         overrides: `Policy.with_overrides` keys, e.g. ``keep_rate=0.2``.
 
     Raises:
@@ -514,7 +515,7 @@ def load_pipeline(
         from .backends import TransformersBackend
 
         target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
-        backend = TransformersBackend(target, compile=compile)
+        backend = TransformersBackend(target, execution=execution)
     if scorer is None:
         target_loaded = getattr(backend, "loaded", None)
         same = draft is None or draft is model or (isinstance(draft, str) and draft == model)
@@ -526,8 +527,8 @@ def load_pipeline(
         kwargs: dict[str, Any] = {}
         if pol.scorer.kind in MODEL_SCORERS:
             kwargs["target_tokenizer"] = backend.tokenizer
-        if pol.scorer.kind == "draft-attention" and compile:
-            kwargs["compile"] = True
+        if pol.scorer.kind == "draft-attention" and execution is not None:
+            kwargs["execution"] = execution
         if isinstance(draft_spec, str) and pol.scorer.kind in MODEL_SCORERS:
             kwargs.update(device=device, dtype=dtype)
         scorer = pol.build_scorer(draft_spec, **kwargs)

@@ -11,6 +11,7 @@ import torch
 from specprefill_sdk import ContextTooLongError, InvalidRequestError
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.runtime import ExecutionSettings
 from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams, Selection
 
 pytestmark = pytest.mark.slow
@@ -149,7 +150,7 @@ def test_keep_all_greedy_text_equals_hf_generate_bf16(backend16, smollm, questio
 # ----------------------------------------------------------------------------- sparse prefill positions
 @pytest.mark.parametrize("lean", [True, False])
 def test_sparse_prefill_uses_original_positions_then_decodes_from_n(smollm_fp32, long_prompt, lean) -> None:
-    backend = TransformersBackend(smollm_fp32, lean=lean)
+    backend = TransformersBackend(smollm_fp32, execution=ExecutionSettings(lean=lean))
     assert (backend._lean is not None) == lean
     compressed = sparse(long_prompt)
     assert compressed.kept < long_prompt.n

@@ -12,6 +12,7 @@ from tiny_models import tiny_model
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.runtime import ExecutionSettings
 from specprefill_sdk.runtime.lean import LeanModel, greedy_token, sdpa_one_query
 from specprefill_sdk.scoring import DraftAttentionScorer
 from specprefill_sdk.scoring.draft_attention.hook import QueryRecorder
@@ -98,15 +99,15 @@ def test_release_picks_up_new_parameter_tensors(tokenizer, prompt) -> None:
 
 def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt, caplog) -> None:
     caplog.set_level("INFO", logger="specprefill_sdk")
-    compiled = DraftAttentionScorer(smollm, look_ahead=4, compile=True)
+    compiled = DraftAttentionScorer(smollm, look_ahead=4, execution=ExecutionSettings(compile=True))
     assert "compile=True has no effect on cpu" in caplog.text
-    assert compiled.compile and compiled._lean is not None and not compiled._lean.compiled
+    assert compiled.execution.compile and compiled._lean is not None and not compiled._lean.compiled
     assert not compiled._lean.packed  # packing goes with compiled steps only
     plain = DraftAttentionScorer(smollm, look_ahead=4)
     torch.testing.assert_close(compiled.score(prompt).values, plain.score(prompt).values, rtol=0, atol=0)
-    assert compiled.with_options(look_ahead=2).compile
+    assert compiled.with_options(look_ahead=2).execution.compile
     caplog.clear()
-    backend = TransformersBackend(smollm, compile=True)
+    backend = TransformersBackend(smollm, execution=ExecutionSettings(compile=True))
     assert backend._lean is not None and not backend._lean.compiled and not backend._lean.packed
     assert "the backend's passes run uncompiled" in caplog.text
 
@@ -114,7 +115,7 @@ def test_compile_is_cuda_only_and_changes_nothing_on_cpu(smollm, prompt, caplog)
 @pytest.mark.parametrize("kind", ["smollm", "qwen2"])
 def test_lean_backend_prefill_equals_the_modules_then_decodes_the_same(smollm, tokenizer, prompt, kind) -> None:
     loaded = smollm if kind == "smollm" else _tiny("qwen2", tokenizer)
-    lean, modules = TransformersBackend(loaded), TransformersBackend(loaded, lean=False)
+    lean, modules = TransformersBackend(loaded), TransformersBackend(loaded, execution=ExecutionSettings(lean=False))
     assert lean._lean is not None and modules._lean is None
     keep = tuple(sorted({*range(0, prompt.n, 3), prompt.n - 1}))
     compressed = CompressedPrompt.from_selection(prompt, Selection(keep, prompt.n, (False,) * len(keep)))

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.runtime import ExecutionSettings
 from specprefill_sdk.runtime.norms import fused_norms, install_fused_norms
 from specprefill_sdk.scoring import DraftAttentionScorer
 
@@ -101,7 +102,9 @@ def test_smollm_norms_are_fused_and_bf16_results_equal_transformers(smollm) -> N
 def test_scores_with_and_without_fused_norms_agree(smollm_fp32, essay, look_ahead) -> None:
     prompt = build_prompt(smollm_fp32.tokenizer, essay[:2500] + "\nWhat is the essay about?")
     fused = DraftAttentionScorer(smollm_fp32, look_ahead=look_ahead).score(prompt)
-    plain = DraftAttentionScorer(smollm_fp32, look_ahead=look_ahead, fused_norms=False).score(prompt)
+    plain = DraftAttentionScorer(
+        smollm_fp32, look_ahead=look_ahead, execution=ExecutionSettings(fused_norms=False)
+    ).score(prompt)
     assert fused.info["look_ahead_token_ids"] == plain.info["look_ahead_token_ids"]
     torch.testing.assert_close(fused.values, plain.values, rtol=1e-4, atol=1e-7)
 
@@ -120,14 +123,15 @@ def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monk
 
     monkeypatch.setattr(norms, "_fused", counting)
     prompt = CompressedPrompt.dense(Prompt.from_token_ids(smollm.tokenizer(essay[:800])["input_ids"]))
-    fused = TransformersBackend(smollm, lean=False).prefill(prompt)  # through the model's modules
+    modules = ExecutionSettings(lean=False)  # the passes run through the model's modules
+    fused = TransformersBackend(smollm, execution=modules).prefill(prompt)
     per_pass = 2 * smollm.model.config.num_hidden_layers + 1
     assert len(calls) == per_pass
-    plain = TransformersBackend(smollm, fused_norms=False, lean=False).prefill(prompt)
+    plain = TransformersBackend(smollm, execution=ExecutionSettings(fused_norms=False, lean=False)).prefill(prompt)
     assert len(calls) == per_pass  # the other backend's passes ran transformers' norms
     torch.testing.assert_close(fused.logits, plain.logits, rtol=0, atol=0)  # bf16 on CPU: bitwise
     for norm in (True, False):  # the lean prefill computes the same norms without the modules
-        lean = TransformersBackend(smollm, fused_norms=norm).prefill(prompt)
+        lean = TransformersBackend(smollm, execution=ExecutionSettings(fused_norms=norm)).prefill(prompt)
         torch.testing.assert_close(lean.logits, fused.logits, rtol=0, atol=0)
     with torch.inference_mode():
         smollm.model(input_ids=torch.tensor([prompt.token_ids[:16]]))

@@ -252,16 +252,17 @@ def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -
 @pytest.mark.slow
 def test_load_pipeline_and_the_server_pass_compile_to_the_backend_and_the_draft_scorer(smollm) -> None:
     from specprefill_sdk.policies import load_pipeline, scorer_for
+    from specprefill_sdk.runtime import ExecutionSettings
     from specprefill_sdk.server import ServerConfig, create_app
 
-    pipe = load_pipeline("paper", model=smollm, compile=True)
-    assert pipe.backend.compile and pipe.scorer.compile  # type: ignore[attr-defined]
-    assert not load_pipeline("paper", model=smollm).scorer.compile  # type: ignore[attr-defined]
+    pipe = load_pipeline("paper", model=smollm, execution=ExecutionSettings(compile=True))
+    assert pipe.backend.execution.compile and pipe.scorer.execution.compile  # type: ignore[attr-defined]
+    assert not load_pipeline("paper", model=smollm).scorer.execution.compile  # type: ignore[attr-defined]
     app = create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", compile=True))
     engine = app.state.engine
-    assert engine.backend.compile and engine._base_scorer.compile
+    assert engine.backend.execution.compile and engine._base_scorer.execution.compile
     per_request = scorer_for(load_policy("paper").with_overrides(look_ahead=2), engine._base_scorer, engine.backend)
-    assert per_request.compile  # per-request scorers too
+    assert per_request.execution.compile  # per-request scorers too
 
 
 def test_resolve_pipeline_passes_a_pipeline_through_and_refuses_other_objects() -> None:

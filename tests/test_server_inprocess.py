@@ -270,11 +270,11 @@ def test_the_default_warm_up_follows_what_compiles_and_where() -> None:
     from specprefill_sdk.server.app import default_warmup_tokens
 
     def backend(device: str, compiles: bool) -> Any:
-        return SimpleNamespace(device=torch.device(device), compile=compiles)
+        return SimpleNamespace(device=torch.device(device), execution=SimpleNamespace(compile=compiles))
 
-    compiling_scorer = SimpleNamespace(compile=True)
+    compiling_scorer = SimpleNamespace(execution=SimpleNamespace(compile=True))
     assert default_warmup_tokens(backend("cuda", True), None) == DEFAULT_WARMUP_TOKENS  # a given backend
     assert default_warmup_tokens(backend("cuda", False), compiling_scorer) == DEFAULT_WARMUP_TOKENS
     assert default_warmup_tokens(backend("cuda", False), None, compile=True) == DEFAULT_WARMUP_TOKENS
-    assert default_warmup_tokens(backend("cuda", False), SimpleNamespace(compile=False)) == 0
+    assert default_warmup_tokens(backend("cuda", False), SimpleNamespace(execution=SimpleNamespace(compile=False))) == 0
     assert default_warmup_tokens(backend("cpu", True), compiling_scorer, compile=True) == 0

@@ -31,6 +31,7 @@ from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
 from ..runtime.lean import LeanModel
 from ..runtime.norms import fused_norms, install_fused_norms
+from ..runtime.settings import ExecutionSettings
 from ..types import (
     Completion,
     CompletionChunk,
@@ -149,24 +150,12 @@ class TransformersBackend(BackendBase):
             after everything cached (one row, global attention): no mask is built, so the pass is
             bounded by activation memory only.
         max_batch_size: prompts per padded batch in `generate_batch`.
-        fused_norms: run the model's Llama-style RMSNorm layers as torch's fused ``rms_norm`` plus the
-            weight inside this backend's forward passes (two kernels instead of eight; the same
-            function up to float32 summation order, bitwise equal on CPU). Short prompts on a GPU are
-            bound by the host's kernel launches, and the norms are a quarter of a layer's launches.
-            Outside these passes (and in other threads) the model computes what transformers computes.
-        lean: for a Llama-style model (Llama, Qwen2, Mistral, SmolLM2), run a prefill into an empty
-            cache (one row, tokens in position order: a fresh compressed prompt) as plain functions of
-            the model's weights instead of through transformers' modules: the same operations in the
-            same order (on CPU, the same numbers) with a fraction of the host's work per layer, which
-            on a GPU is what a prefill of a few hundred kept tokens waits on. Other passes run
-            transformers' forward.
-        compile: with ``lean`` on a CUDA device, also fuse each layer's element-wise work in that
-            prefill with `torch.compile` (the first prefill compiles, once per process; tens of
-            seconds). Element-wise chains are then rounded once, so results differ in the last bits.
-            As with `DraftAttentionScorer`'s ``compile``, each layer's query/key/value and gate/up
-            weights are stored in one buffer per layer, in place (the parameters become views of
-            it: same values, no memory added), so that a scorer sharing this model finds them
-            packed and holds no second copy.
+        execution: how the forward passes run (`ExecutionSettings`); the backend reads its
+            ``fused_norms`` (the norms inside this backend's passes, where short prompts on a GPU
+            are bound by the host's kernel launches), ``lean`` (a prefill into an empty cache, one
+            row in position order, computed from the weights) and ``compile`` (that prefill's
+            element-wise work fused by `torch.compile`, CUDA only, weights packed in place as for
+            the scorer). None: the defaults.
 
     Example::
 
@@ -185,10 +174,10 @@ class TransformersBackend(BackendBase):
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         unmasked_chunk: int = DEFAULT_UNMASKED_CHUNK,
         max_batch_size: int = DEFAULT_MAX_BATCH,
-        fused_norms: bool = True,
-        lean: bool = True,
-        compile: bool = False,
+        execution: ExecutionSettings | None = None,
     ) -> None:
+        #: how the forward passes run
+        self.execution = run = ExecutionSettings.of(execution)
         if isinstance(model, LoadedModel):
             if device != "auto" and torch.device(device) != model.device:
                 raise InvalidRequestError(
@@ -203,8 +192,7 @@ class TransformersBackend(BackendBase):
         self.prefill_chunk = prefill_chunk
         self.unmasked_chunk = unmasked_chunk
         self.max_batch_size = max_batch_size
-        self.fused_norms = bool(fused_norms)
-        if self.fused_norms:
+        if run.fused_norms:
             install_fused_norms(self.loaded.model)
         self.capabilities = BackendCapabilities(
             supports_position_ids=True, supports_sessions=True, supports_streaming=True
@@ -218,13 +206,12 @@ class TransformersBackend(BackendBase):
         self.vocab_size = int(net.get_input_embeddings().num_embeddings)
         self._eos = frozenset(self.loaded.eos_token_ids)
         self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
-        self.lean, self.compile = bool(lean), bool(compile)
-        compiled = self.compile and self.device.type == "cuda"
-        if self.compile and not compiled:
+        compiled = run.compile and self.device.type == "cuda"
+        if run.compile and not compiled:
             logger.info("compile=True has no effect on %s: the backend's passes run uncompiled", self.device)
         self._lean = (
-            LeanModel.build(net, fused=self.fused_norms, compiled=compiled, packed=compiled)
-            if self.lean and not self._pass_cache_position
+            LeanModel.build(net, fused=run.fused_norms, compiled=compiled, packed=compiled)
+            if run.lean and not self._pass_cache_position
             else None
         )
 
@@ -387,7 +374,7 @@ class TransformersBackend(BackendBase):
                 kwargs["cache_position"] = torch.arange(state.slots, state.slots + ids.shape[1], device=dev)
             if self._logits_kw is not None:
                 kwargs[self._logits_kw] = 1
-            with fused_norms(self.fused_norms):
+            with fused_norms(self.execution.fused_norms):
                 last = self.loaded.model(**kwargs).logits[:, -1, :]
         state.positions, state.valid = kpos, kvalid
         state.token_ids = torch.cat([state.token_ids, ids.cpu()], dim=1)

@@ -204,6 +204,7 @@ def main(args: argparse.Namespace) -> int:
     given = _prompt_input(args)
 
     from ..policies import load_pipeline, load_policy
+    from ..runtime.settings import ExecutionSettings
 
     policy = load_policy(args.policy or "paper")
     policy = policy.with_overrides(keep_rate=args.keep)
@@ -223,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
-            compile=getattr(args, "compile", False),
+            execution=ExecutionSettings(compile=True) if getattr(args, "compile", False) else None,
         )
         prompt = _build_prompt(pipe, given, args.chat_template)
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}

@@ -8,3 +8,9 @@
 
 This package knows models and tensors only: it never imports a scorer or a backend.
 """
+
+from __future__ import annotations
+
+from .settings import ExecutionSettings
+
+__all__ = ["ExecutionSettings"]

@@ -37,6 +37,7 @@ from ..conversation import STRATEGIES
 from ..errors import InvalidRequestError, SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..prompt import PromptInput
+from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt
 from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig
@@ -123,13 +124,13 @@ def create_app(
         SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
     """
     config = _config(config, settings)
+    execution = ExecutionSettings(compile=True) if config.compile else None
     if backend is None:
         from ..backends.transformers import TransformersBackend
 
-        model, device, dtype, compile = config.model, config.device, config.dtype, config.compile
-        backend = TransformersBackend(model, device=device, dtype=dtype, compile=compile)
+        backend = TransformersBackend(config.model, device=config.device, dtype=config.dtype, execution=execution)
     if scorer is None:
-        scorer = _default_scorer(backend, config)
+        scorer = _default_scorer(backend, config, execution)
     engine = ServingEngine(
         backend, scorer, config=config, tracer_provider=tracer_provider, meter_provider=meter_provider
     )
@@ -195,9 +196,11 @@ def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool
     """`DEFAULT_WARMUP_TOKENS` when something compiles on a GPU, else 0.
 
     Something compiles when ``compile`` was asked for, or when the given backend or scorer was built
-    with ``compile=True``; it is on a GPU when the backend's device is a CUDA device.
+    with ``ExecutionSettings(compile=True)``; it is on a GPU when the backend's device is a CUDA device.
     """
-    compiles = compile or bool(getattr(backend, "compile", False)) or bool(getattr(scorer, "compile", False))
+    compiles = compile or any(
+        bool(getattr(getattr(part, "execution", None), "compile", False)) for part in (backend, scorer)
+    )
     on_cuda = getattr(getattr(backend, "device", None), "type", None) == "cuda"
     return DEFAULT_WARMUP_TOKENS if compiles and on_cuda else 0
 
@@ -210,19 +213,19 @@ async def _sweep_conversations(engine: ServingEngine) -> None:
         engine.conversations.sweep()
 
 
-def _default_scorer(backend: Backend, config: ServerConfig) -> Scorer:
+def _default_scorer(backend: Backend, config: ServerConfig, execution: ExecutionSettings | None) -> Scorer:
     """The process's draft scorer: the default policy's, on the draft model (the target's by default)."""
     from ..policies import load_pipeline
 
-    model, draft, policy, device, dtype, compile = (
-        config.model,
-        config.draft,
+    pipe = load_pipeline(
         config.policy,
-        config.device,
-        config.dtype,
-        config.compile,
+        model=config.model,
+        draft=config.draft,
+        backend=backend,
+        device=config.device,
+        dtype=config.dtype,
+        execution=execution,
     )
-    pipe = load_pipeline(policy, model=model, draft=draft, backend=backend, device=device, dtype=dtype, compile=compile)
     return pipe.scorer
 
 

@@ -89,10 +89,17 @@ class DraftSession:
     def score(self, prompt: Prompt) -> TokenScores:
         """Scores for every token of ``prompt``, prefilling only the tokens not yet in the cache.
 
+        Runs under the scorer's `DraftAttentionScorer.lock`, so it takes turns with every other use
+        of the draft model.
+
         Raises:
             InvalidRequestError: an empty prompt or ids the draft cannot read.
             SpecPrefillError: a prompt longer than the draft's context.
         """
+        with self.scorer.lock:
+            return self._score(prompt)
+
+    def _score(self, prompt: Prompt) -> TokenScores:
         check_prompt(prompt)
         draft = to_draft_tokens(prompt, self.loaded.tokenizer, self._vocab_size, self._same_vocab)
         if draft.projected:
@@ -146,7 +153,7 @@ class DraftSession:
         layers = self.scorer.layers
         stop = LayerStop(layers - 1).active() if layers is not None and not observed else contextlib.nullcontext()
         try:
-            with fused_norms(self.scorer.fused_norms), stop:
+            with fused_norms(self.scorer.execution.fused_norms), stop:
                 out = self.loaded.model(
                     input_ids=input_ids,
                     position_ids=positions,

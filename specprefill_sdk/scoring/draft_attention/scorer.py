@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +27,10 @@ import torch
 
 from ...errors import InvalidRequestError, SpecPrefillError
 from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
-from ...runtime.attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends, sdpa_context
+from ...runtime.attention import sdpa_context
 from ...runtime.lean import LeanModel
 from ...runtime.norms import install_fused_norms
+from ...runtime.settings import ExecutionSettings
 from ...types import Prompt, TokenScores, int64_tensor
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
@@ -37,6 +39,20 @@ from .lookahead import StaticLookAhead, supports_static_look_ahead
 __all__ = ["DraftAttentionScorer"]
 
 logger = logging.getLogger(__name__)
+
+
+#: one lock per draft model (its module), shared by every scorer and session that runs it
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """The lock that serializes every run of ``model`` as a draft (re-entrant: a session's call may score)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock
 
 
 def _positive_int(value: Any, name: str) -> int:
@@ -59,45 +75,21 @@ class DraftAttentionScorer:
             directly if both vocabularies are equal and re-tokenizes the prompt's text otherwise.
             Without it each prompt is checked: ids the draft tokenizer reproduces from the text are read
             directly, others are re-tokenized.
-        max_batch_tokens: `score_batch` runs prompts of similar length together while
-            ``batch size x longest prompt`` stays within this many tokens.
-        cuda_graph: on a CUDA device, replay the look-ahead decode steps as a CUDA graph (captured on
-            first use, kept for later prompts that fit; `release` frees it). The steps then cost
-            about what their memory traffic costs instead of what launching them costs.
-        attention_backends: on a CUDA device, the SDPA kernels the draft's prefill may use during a
-            scoring call, in order of preference (``"cudnn"``, ``"flash"``, ``"efficient"``,
-            ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
-            torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
-            turns cuDNN attention off for the whole process (the draft's 32K prefill then takes
-            1.24x as long on an H200). The choice applies process-wide while a call runs.
-        fused_norms: for drafts of the fixed-buffer kind, run their Llama-style RMSNorm layers as
-            torch's fused ``rms_norm`` plus the weight inside a scoring call (two kernels instead of
-            eight; the same function, up to float32 summation order). Outside a scoring call, and in
-            other threads, the model computes exactly what transformers computes.
         layers: score with the draft's first ``layers`` decoder layers only, and run only those: the
             prefill stops after that layer's attention inputs (no later layer, final norm or output
             head runs), so scoring costs about ``layers / depth`` of a full draft prefill. Needs
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
-        lean: for Llama-style drafts of the fixed-buffer kind (Llama, Qwen2, Mistral, SmolLM2), run
-            the prefill of a prompt without padding and every look-ahead step as plain functions of
-            the draft's weights instead of through transformers' modules: the same operations in the
-            same order (on CPU, the same numbers), written straight into the scoring buffers, with
-            far less Python per layer. Other drafts, and padded batches' prefills, run transformers' forward.
-        compile: with ``lean`` on a CUDA device, run each look-ahead step's layers, and the layers of
-            prefills of at least 4M hidden-state elements, as `torch.compile`d functions that fuse
-            their element-wise work (norms, rotary embedding, activation, residuals). The steps
-            also multiply by each layer's query/key/value and gate/up weights as one matrix each,
-            and attend through SDPA: building the scorer stores those weights of the draft in one
-            buffer per layer, in place (its parameters become views of the buffer: same values, no
-            memory added; see docs/scoring.md). On an H200 a step of Llama-3.2-1B at 4K tokens took
-            1.25 ms instead of 2.14 ms through transformers' modules. The first scoring call
-            compiles (once per process; tens of seconds). Element-wise chains round once instead of
-            after each operation, so scores differ in the last bits.
+        execution: how the draft's passes run (`ExecutionSettings`: fused norms, lean and compiled
+            passes, the CUDA graph, the attention kernels, batch size); None: the defaults.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
     models decode step by step over a growing cache. Both give the same scores.
+
+    The draft runs one scoring call at a time: every scorer on one draft model (`with_options`
+    variants included) and every `DraftSession` of them share one re-entrant lock, `lock`, so
+    callers in several threads need none of their own.
 
     Sliding-window layers (Gemma 2/3, Qwen2 with ``use_sliding_window``) do not count when the model
     also has full-attention layers; when every layer is windowed (Mistral), each layer counts with its
@@ -120,22 +112,14 @@ class DraftAttentionScorer:
         device: str | torch.device | None = "auto",
         dtype: str | torch.dtype | None = "auto",
         target_tokenizer: Any = None,
-        max_batch_tokens: int = 16384,
-        cuda_graph: bool = True,
-        attention_backends: Sequence[str] | None = DEFAULT_ATTENTION_BACKENDS,
-        fused_norms: bool = True,
         layers: int | None = None,
-        lean: bool = True,
-        compile: bool = False,
+        execution: ExecutionSettings | None = None,
     ) -> None:
         self.look_ahead = _positive_int(look_ahead, "look_ahead")
-        self.lean = bool(lean)
-        self.compile = bool(compile)
-        self.cuda_graph = bool(cuda_graph)
-        self.attention_backends = check_attention_backends(attention_backends)
-        self.fused_norms = bool(fused_norms)
         self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
-        self.max_batch_tokens = _positive_int(max_batch_tokens, "max_batch_tokens")
+        #: how the draft's passes run
+        self.execution = ExecutionSettings.of(execution)
+        run = self.execution
         if isinstance(draft, LoadedModel):
             self.loaded = draft
         else:
@@ -148,18 +132,19 @@ class DraftAttentionScorer:
         self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
         self._static = supports_static_look_ahead(model)
-        if self._static and self.fused_norms:
+        if self._static and run.fused_norms:
             install_fused_norms(model)
-        compiled = self.compile and self.loaded.device.type == "cuda"
-        if self.compile and not compiled:
+        compiled = run.compile and self.loaded.device.type == "cuda"
+        if run.compile and not compiled:
             logger.info("compile=True has no effect on %s: the draft's passes run uncompiled", self.loaded.device)
         self._lean = (
-            LeanModel.build(model, fused=self.fused_norms, compiled=compiled, packed=compiled)
-            if self._static and self.lean
+            LeanModel.build(model, fused=run.fused_norms, compiled=compiled, packed=compiled)
+            if self._static and run.lean
             else None
         )
         self._runner: StaticLookAhead | None = None
-        self._runner_lock = threading.Lock()
+        #: held while the draft runs: every scorer and session on this draft model shares it
+        self.lock = model_lock(model)
         self.target_tokenizer = target_tokenizer
         self._same_vocab: bool | None = (
             None if target_tokenizer is None else same_vocabulary(self.loaded.tokenizer, target_tokenizer)
@@ -205,12 +190,16 @@ class DraftAttentionScorer:
         )
 
     def with_options(
-        self, look_ahead: int | None = None, pool_kernel: int | None = None, layers: int | None = None
+        self,
+        look_ahead: int | None = None,
+        pool_kernel: int | None = None,
+        layers: int | None = None,
+        execution: ExecutionSettings | None = None,
     ) -> DraftAttentionScorer:
-        """A scorer with other settings that shares this one's loaded draft model.
+        """A scorer with other settings that shares this one's loaded draft model (and its lock).
 
-        ``layers`` is kept unless given (``layers=scorer.depth`` asks for every layer again); a scorer
-        with fewer layers than the draft's and ``look_ahead`` above 1 is refused.
+        Each setting is kept unless given (``layers=scorer.depth`` asks for every layer again); a
+        scorer with fewer layers than the draft's and ``look_ahead`` above 1 is refused.
         """
         return DraftAttentionScorer(
             self.loaded,
@@ -218,12 +207,7 @@ class DraftAttentionScorer:
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
             layers=self.layers if layers is None else layers,
             target_tokenizer=self.target_tokenizer,
-            max_batch_tokens=self.max_batch_tokens,
-            cuda_graph=self.cuda_graph,
-            attention_backends=self.attention_backends,
-            fused_norms=self.fused_norms,
-            lean=self.lean,
-            compile=self.compile,
+            execution=self.execution if execution is None else execution,
         )
 
     def release(self) -> None:
@@ -232,11 +216,14 @@ class DraftAttentionScorer:
         Both, like the lean passes, use the draft's parameters as they were when built: after giving
         the draft new parameter tensors (not values copied into the old ones), call this first.
         """
-        with self._runner_lock:
+        with self.lock:
             self._runner = None
             if self._lean is not None:
                 self._lean = LeanModel.build(
-                    self.loaded.model, fused=self.fused_norms, compiled=self._lean.compiled, packed=self._lean.packed
+                    self.loaded.model,
+                    fused=self.execution.fused_norms,
+                    compiled=self._lean.compiled,
+                    packed=self._lean.packed,
                 )
 
     def score(self, prompt: Prompt) -> TokenScores:
@@ -245,6 +232,8 @@ class DraftAttentionScorer:
 
     def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
         """Score several prompts, batching those of similar length; equal to ``[score(p) for p in prompts]``.
+
+        Calls from several threads take turns (`lock`): the draft model runs one scoring at a time.
 
         Raises:
             InvalidRequestError: an empty prompt, or token ids the draft cannot read.
@@ -264,7 +253,8 @@ class DraftAttentionScorer:
         results: list[TokenScores | None] = [None] * len(prompts)
         for group in self._groups([len(d.ids) for d in inputs]):
             started = time.perf_counter()
-            outputs = self._score_ids([inputs[i].ids for i in group])
+            with self.lock:
+                outputs = self._score_ids([inputs[i].ids for i in group])
             logger.debug(
                 "scored %d prompt(s) of up to %d tokens in %.1f ms",
                 len(group),
@@ -297,7 +287,7 @@ class DraftAttentionScorer:
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         groups: list[list[int]] = []
         for i in order:
-            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= self.max_batch_tokens:
+            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= self.execution.max_batch_tokens:
                 groups[-1].append(i)
             else:
                 groups.append([i])
@@ -355,7 +345,7 @@ class DraftAttentionScorer:
         cache = {self._cache_arg: DynamicCache(config=model.config)}
         if self.layers is not None:
             collector.stop_after = self.layers - 1
-        with torch.inference_mode(), collector.active(), sdpa_context(self.attention_backends, device):
+        with torch.inference_mode(), collector.active(), sdpa_context(self.execution.attention_backends, device):
             collector.begin_step(0)
             try:
                 out = model(
@@ -404,7 +394,7 @@ class DraftAttentionScorer:
 
     def _runner_for(self, size: int, width: int, steps: int) -> StaticLookAhead:
         """Buffers for this batch: the kept ones when they fit (CUDA graphs only), else fresh ones."""
-        keep = self.cuda_graph and self.loaded.device.type == "cuda" and steps > 0
+        keep = self.execution.cuda_graph and self.loaded.device.type == "cuda" and steps > 0
         runner = self._runner
         if keep and runner is not None and runner.fits(size, width, steps):
             return runner
@@ -417,7 +407,7 @@ class DraftAttentionScorer:
             capacity,
             steps,
             cuda_graph=keep,
-            fused_norms=self.fused_norms,
+            fused_norms=self.execution.fused_norms,
             layers=self.layers,
             lean=self._lean,
         )
@@ -433,9 +423,9 @@ class DraftAttentionScorer:
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
         collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
-        with self._runner_lock:
+        with self.lock:
             runner = self._runner_for(size, width, steps)
-            with sdpa_context(self.attention_backends, self.loaded.device):
+            with sdpa_context(self.execution.attention_backends, self.loaded.device):
                 first = runner.prefill(input_ids, attention_mask, position_ids)
             if not runner.written:
                 raise SpecPrefillError(

@@ -1,0 +1,104 @@
+"""`ExecutionSettings`: how the draft scorer and the transformers backend run their forward passes.
+
+What a scorer computes is set by its own arguments (look-ahead, pool, layers); how its passes run
+(kernels, compilation, CUDA graphs, batching) is this one object, shared with the backend::
+
+    execution = ExecutionSettings(compile=True)
+    backend = TransformersBackend("smollm2-135m", execution=execution)
+    scorer = DraftAttentionScorer(backend.loaded, look_ahead=8, execution=execution)
+
+None of these settings changes what is computed beyond the last bits of floating-point rounding
+(see docs/scoring.md and docs/benchmarks.md for what each one buys).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+from .attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends
+
+__all__ = ["ExecutionSettings"]
+
+
+@dataclass(frozen=True)
+class ExecutionSettings:
+    """How a `DraftAttentionScorer` and a `TransformersBackend` run their passes (frozen, validated).
+
+    Change one with `dataclasses.replace` (validated again). The scorer reads every field; the
+    backend reads ``fused_norms``, ``lean`` and ``compile`` (it runs no look-ahead, keeps torch's own
+    attention kernel order and batches by prompts, ``TransformersBackend(max_batch_size=...)``).
+
+    Args:
+        fused_norms: run the model's Llama-style RMSNorm layers as torch's fused ``rms_norm`` plus
+            the weight inside the SDK's own passes (two kernels instead of eight; the same function
+            up to float32 summation order, bitwise equal on CPU). Outside those passes, and in other
+            threads, the model computes exactly what transformers computes. For the scorer this
+            applies to drafts scored over fixed buffers (every layer attends globally).
+        lean: for Llama-style models (Llama, Qwen2, Mistral, SmolLM2), run the passes that allow it
+            as plain functions of the model's weights instead of through transformers' modules: the
+            same operations in the same order (on CPU, the same numbers) with far less Python per
+            layer. The scorer's fixed-buffer prefill of an unpadded batch and its look-ahead steps,
+            and the backend's prefill into an empty cache, run so; other passes run transformers'
+            forward.
+        compile: with ``lean`` on a CUDA device, fuse each layer's element-wise work (norms, rotary
+            embedding, activation, residuals) with `torch.compile`: the scorer's look-ahead steps
+            and long prefills, the backend's long prefills. Each layer's query/key/value and gate/up
+            weights are then stored in one buffer per layer, in place (the parameters become views of
+            it: same values, no memory added), so that a scorer and a backend sharing a model hold
+            one copy. The first long pass compiles, once per process (tens of seconds).
+            Element-wise chains round once instead of after each operation, so results differ in
+            the last bits. Elsewhere than on CUDA it changes nothing (logged).
+        cuda_graph: on a CUDA device, replay the scorer's look-ahead decode steps as a CUDA graph
+            (captured on first use, kept for later prompts that fit; `release` frees it): the steps
+            then cost about what their memory traffic costs instead of what launching them costs.
+        attention_backends: on a CUDA device, the SDPA kernels the draft's prefill may use during a
+            scoring call, in order of preference (``"cudnn"``, ``"flash"``, ``"efficient"``,
+            ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
+            torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
+            turns cuDNN attention off for the whole process (docs/scoring.md). The choice applies
+            process-wide while a call runs.
+        max_batch_tokens: the scorer's `score_batch` runs prompts of similar length together while
+            ``batch size x longest prompt`` stays within this many tokens.
+
+    Raises:
+        InvalidRequestError: a switch that is not a bool, an unknown attention kernel, or a
+            ``max_batch_tokens`` below 1.
+    """
+
+    fused_norms: bool = True
+    lean: bool = True
+    compile: bool = False
+    cuda_graph: bool = True
+    attention_backends: tuple[str, ...] | None = DEFAULT_ATTENTION_BACKENDS
+    max_batch_tokens: int = 16384
+
+    def __post_init__(self) -> None:
+        for name in ("fused_norms", "lean", "compile", "cuda_graph"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise InvalidRequestError(f"{name} must be True or False, got {value!r}", param=name)
+        backends: Sequence[str] | None = self.attention_backends
+        object.__setattr__(self, "attention_backends", check_attention_backends(backends))
+        size = self.max_batch_tokens
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise InvalidRequestError(
+                f"max_batch_tokens must be an integer >= 1, got {size!r}", param="max_batch_tokens"
+            )
+
+    @classmethod
+    def of(cls, execution: Any) -> ExecutionSettings:
+        """``execution`` itself, or the defaults for None.
+
+        Raises:
+            InvalidRequestError: anything else.
+        """
+        if execution is None:
+            return cls()
+        if not isinstance(execution, cls):
+            raise InvalidRequestError(
+                f"execution must be an ExecutionSettings or None, got {type(execution).__name__}", param="execution"
+            )
+        return execution
