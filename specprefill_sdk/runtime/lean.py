@@ -42,11 +42,9 @@ logger = logging.getLogger(__name__)
 _MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 _compile_lock = threading.Lock()
 #: a prefill whose hidden states (tokens x hidden size) have fewer elements runs its compiled functions
-#: no faster than the plain ones: on an H200 the compiled functions' own host work per call outweighs
-#: what they save (benchmarks/results/lean_gpu_h200_targets.md: Llama-3.1-8B, 409 kept tokens: 17.8 ms
-#: compiled, 14.2 ms plain, 1228 tokens: 32.1 and 34.1 ms; Qwen2.5-0.5B, 4096 tokens, in the run that set
-#: this threshold (lean_gpu_h200.md's history): 16.4 and 12.5 ms; lean_gpu_h200.md now: Llama-3.2-1B,
-#: 4096 tokens, above the threshold: 18.3 ms compiled, 19.4 ms plain)
+#: no faster than the plain ones: their own host work per call outweighs what they save. The threshold
+#: comes from the lean benchmarks of small and large targets and drafts (docs/benchmarks.md, "Lean
+#: passes, and compiled ones").
 COMPILE_MIN_ELEMENTS = 1 << 22
 
 
@@ -261,11 +259,9 @@ def sdpa_one_query(
     """One-query attention over fixed buffers by SDPA (``mask``: additive, ``[B, 1, 1, S]``); ``[B, 1, H, d]``.
 
     The compiled decode step's attention, in place of `QueryRecorder.attend`'s two products and
-    softmax. On an H200 a compiled step of Llama-3.2-1B took 1.25 ms at 4K tokens and 1.52 ms at 32K
-    with packed weights and this attention, where the steps that attend with `QueryRecorder.attend`
-    grew by 0.65-0.72 ms over the same lengths (benchmarks/results/lean_gpu_h200.md); in float32 the
-    compiled scores were within 4.6e-6 (of the largest score) of the slow reference's
-    (exactness_gpu_h200.md).
+    softmax: with it, a compiled step's cost grows far less with the prompt's length than the steps
+    that attend with `QueryRecorder.attend`, and its scores stay as close to the slow reference's
+    (docs/benchmarks.md, "Packed weights and SDPA in the compiled look-ahead step").
     """
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scaling, enable_gqa=True)
     return out.transpose(1, 2)
