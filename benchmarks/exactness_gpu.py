@@ -78,7 +78,7 @@ def compare(loaded: Any, tokenizer: Any, n: int) -> dict[str, Any]:
         loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, execution=ExecutionSettings(fused_norms=False)
     )
     stepwise = graph.with_options()
-    stepwise._static = False
+    stepwise._fixed_buffers = False
     compiled = DraftAttentionScorer(
         loaded, look_ahead=LOOK_AHEAD, target_tokenizer=tokenizer, execution=ExecutionSettings(compile=True)
     )

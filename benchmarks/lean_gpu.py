@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from profile_gpu import compare_scores, static_phases  # noqa: E402
+from profile_gpu import compare_scores, fixed_buffer_phases  # noqa: E402
 from ttft_gpu import CONFIGS, PAIRS, build_model, plain_forward, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
 
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
@@ -170,7 +170,7 @@ def main() -> int:
                     row["vs_modules"] = compare_scores(scores, reference)
                 for la, scorer in scorers.items():
                     row[f"score_la{la}_ms"] = bench.median(partial(scorer.score, prompt))[0]
-                row["phases"] = static_phases(scorers[8], prompt, bench)
+                row["phases"] = fixed_buffer_phases(scorers[8], prompt, bench)
                 logger.info("%s", row)
                 result["rows"].append(row)
                 save()

@@ -62,7 +62,7 @@ def plain_nocache(loaded: Any, ids: torch.Tensor) -> int:
     return int(out.logits[0, -1].argmax())
 
 
-def static_phases(scorer: DraftAttentionScorer, prompt: Prompt, bench: Bench) -> dict[str, float]:
+def fixed_buffer_phases(scorer: DraftAttentionScorer, prompt: Prompt, bench: Bench) -> dict[str, float]:
     """The fixed-buffer path's phases, timed apart (the scorer's own code path, step by step)."""
     steps = scorer.look_ahead - 1
     input_ids, lengths, pad, mask, positions = scorer._padded([tuple(prompt.token_ids)])
@@ -188,9 +188,9 @@ def draft_rows(name: str, draft: Any, tokenizer: Any, lengths: list[int], bench:
             row[f"score_la{la}_ms"] = bench.median(partial(scorer.score, prompt))[0]
         row["score_la8_unfused_ms"] = bench.median(partial(unfused.score, prompt))[0]
         row["fused_vs_unfused"] = compare_scores(scorers[8].score(prompt), unfused.score(prompt))
-        if scorers[8]._static:
-            row["la8_phases"] = static_phases(scorers[8], prompt, bench)
-            row["la8_unfused_phases"] = static_phases(unfused, prompt, bench)
+        if scorers[8]._fixed_buffers:
+            row["la8_phases"] = fixed_buffer_phases(scorers[8], prompt, bench)
+            row["la8_unfused_phases"] = fixed_buffer_phases(unfused, prompt, bench)
         row["sdpa"] = sdpa_kernels(draft, ids, bench)
         logger.info("draft %s", row)
         rows.append(row)

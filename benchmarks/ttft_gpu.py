@@ -470,7 +470,7 @@ def exactness(
     graph = DraftAttentionScorer(draft, look_ahead=look_ahead, target_tokenizer=target.tokenizer)
     eager = graph.with_options(execution=ExecutionSettings(cuda_graph=False))
     stepwise = graph.with_options()
-    stepwise._static = False
+    stepwise._fixed_buffers = False
     first, replayed = graph.score(prompt), graph.score(prompt)  # capture, then replay only
     plain, again, stepped = eager.score(prompt), eager.score(prompt), stepwise.score(prompt)
     graph.release()

@@ -174,9 +174,9 @@ def test_self_information_finds_repeated_text_predictable(smollm):
 
 def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smollm_fp32, texts):
     """Global-attention drafts decode over fixed buffers and score all look-ahead queries at once."""
-    assert fp32_scorer._static  # SmolLM2 (Llama): every layer attends globally
+    assert fp32_scorer._fixed_buffers  # SmolLM2 (Llama): every layer attends globally
     stepwise = fp32_scorer.with_options()
-    stepwise._static = False  # the growing-cache path that windowed models take
+    stepwise._fixed_buffers = False  # the growing-cache path that windowed models take
     tok = smollm_fp32.tokenizer
     prompts = [build_prompt(tok, [{"role": "user", "content": t + "\nSummarize."}]) for t in texts]
     fixed, grown = fp32_scorer.score_batch(prompts), stepwise.score_batch(prompts)
@@ -188,8 +188,8 @@ def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smoll
 
 
 def test_windowed_drafts_keep_the_step_by_step_path(tokenizer):
-    assert not DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=3)._static
-    assert DraftAttentionScorer(tiny_model("qwen2", tokenizer), look_ahead=3)._static
+    assert not DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=3)._fixed_buffers
+    assert DraftAttentionScorer(tiny_model("qwen2", tokenizer), look_ahead=3)._fixed_buffers
 
 
 def test_the_first_layers_only_match_the_reference_and_the_rest_never_runs(fp32_scorer, smollm_fp32, texts):

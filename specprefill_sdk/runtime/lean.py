@@ -13,7 +13,7 @@ arithmetic costs. `LeanModel` computes the same layers as plain functions of the
   after every operation, so results differ in the last bits, as between two attention kernels.
 
 `LeanModel.forward` hands each layer's queries, keys and values to a callback: the scorer's
-fixed-buffer path (`StaticLookAhead`) writes them straight into its buffers, the backend into its KV
+fixed-buffer path (`FixedBufferLookAhead`) writes them straight into its buffers, the backend into its KV
 cache. Only models whose every layer is of the supported kind are accepted (`LeanModel.build` returns
 None otherwise, and callers run transformers' own forward).
 """

@@ -207,7 +207,7 @@ class ScoreCollector(_Observer):
         ``queries`` (``[L, B, H, J, d]``, post-RoPE) are queries ``0 .. J - 1`` of every layer; ``keys``
         (``[L, B, KVH, >= prompt_len, d]``) hold each layer's prompt keys in their first ``prompt_len``
         slots; ``scalings[l]`` is layer ``l``'s softmax scaling. Only for models whose every layer
-        attends globally without a logit soft-cap (what `StaticLookAhead` accepts): the result is the
+        attends globally without a logit soft-cap (what `FixedBufferLookAhead` accepts): the result is the
         one `observe` gives layer by layer and query by query, in fp32 (when every layer has the same
         scaling, the product applies it before its one rounding instead of after it).
 
@@ -257,7 +257,7 @@ class ScoreCollector(_Observer):
 class QueryRecorder(_Observer):
     """Stores each layer's last post-RoPE query row into a fixed buffer, at the slot ``index`` holds.
 
-    `StaticLookAhead` makes it active for the prompt's prefill (``index`` 0; ``sink`` then also
+    `FixedBufferLookAhead` makes it active for the prompt's prefill (``index`` 0; ``sink`` then also
     receives every layer's keys and values, to copy into fixed buffers) and for each look-ahead decode
     step, including the one a CUDA graph captures: a step only issues in-place device copies indexed by
     a device tensor, so every replay of the graph writes the query of its own step.

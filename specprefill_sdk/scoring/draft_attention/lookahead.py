@@ -1,7 +1,7 @@
 """The prompt prefill and look-ahead decoding of `DraftAttentionScorer` over fixed buffers.
 
 For a draft whose every layer attends globally, scoring needs only each layer's keys of the prompt and
-the post-RoPE queries of the last prompt token and of the look-ahead tokens. `StaticLookAhead` holds
+the post-RoPE queries of the last prompt token and of the look-ahead tokens. `FixedBufferLookAhead` holds
 them in stacked fixed buffers so that:
 
 - the prefill keeps no cache: each layer's keys (and values, when there are decode steps) go into
@@ -37,14 +37,14 @@ from ...runtime.lean import LeanModel
 from ...runtime.norms import fused_norms
 from .hook import DraftStopped, QueryRecorder
 
-__all__ = ["StaticLookAhead", "supports_static_look_ahead"]
+__all__ = ["FixedBufferLookAhead", "supports_fixed_buffers"]
 
 logger = logging.getLogger(__name__)
 
 _ROUND = 1024
 
 
-def supports_static_look_ahead(model: Any) -> bool:
+def supports_fixed_buffers(model: Any) -> bool:
     """True when every attention layer of ``model`` attends globally and without a logit soft-cap."""
     config = text_config(model.config)
     types = getattr(config, "layer_types", None)
@@ -55,7 +55,7 @@ def supports_static_look_ahead(model: Any) -> bool:
     return not getattr(config, "attn_logit_softcapping", None)
 
 
-class _StaticCache:
+class _FixedBufferCache:
     """Just enough of transformers' cache protocol for decode steps over fixed buffers."""
 
     def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], slot: torch.Tensor) -> None:
@@ -73,7 +73,7 @@ class _StaticCache:
         return int(self.keys[layer_idx].shape[2])
 
 
-class StaticLookAhead:
+class FixedBufferLookAhead:
     """Fixed buffers (and, on CUDA, one captured graph) for the prefill and ``steps`` greedy decode steps.
 
     Use: `prefill`, then `run` (when ``steps`` > 0), then score `query_stack` against `key_stack`.
@@ -130,7 +130,7 @@ class StaticLookAhead:
         self.tokens = torch.zeros(batch, 1 + steps, dtype=torch.long, device=device)  # column j: step j's output
         self.query_list = list(self.query_stack.unbind(0))
         self.recorder = QueryRecorder(dict(enumerate(self.query_list)), self.index)
-        self.cache = _StaticCache(self.keys, self.values, self.slot)
+        self.cache = _FixedBufferCache(self.keys, self.values, self.slot)
         self._kwargs: dict[str, Any] = {"use_cache": True, "logits_to_keep": 1, cache_argument(model): self.cache}
         if "cache_position" in forward_parameters(model.__class__):
             self._kwargs["cache_position"] = self.slot

@@ -34,7 +34,7 @@ from ...runtime.settings import ExecutionSettings
 from ...types import Prompt, TokenScores, int64_tensor
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
-from .lookahead import StaticLookAhead, supports_static_look_ahead
+from .lookahead import FixedBufferLookAhead, supports_fixed_buffers
 
 __all__ = ["DraftAttentionScorer"]
 
@@ -131,18 +131,18 @@ class DraftAttentionScorer:
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
-        self._static = supports_static_look_ahead(model)
-        if self._static and run.fused_norms:
+        self._fixed_buffers = supports_fixed_buffers(model)
+        if self._fixed_buffers and run.fused_norms:
             install_fused_norms(model)
         compiled = run.compile and self.loaded.device.type == "cuda"
         if run.compile and not compiled:
             logger.info("compile=True has no effect on %s: the draft's passes run uncompiled", self.loaded.device)
         self._lean = (
             LeanModel.build(model, fused=run.fused_norms, compiled=compiled, packed=compiled)
-            if self._static and run.lean
+            if self._fixed_buffers and run.lean
             else None
         )
-        self._runner: StaticLookAhead | None = None
+        self._runner: FixedBufferLookAhead | None = None
         #: held while the draft runs: every scorer and session on this draft model shares it
         self.lock = model_lock(model)
         self.target_tokenizer = target_tokenizer
@@ -332,8 +332,8 @@ class DraftAttentionScorer:
         """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
         limit = self.loaded.max_context
         steps = min(self.look_ahead - 1, limit - min(len(ids) for ids in batch))
-        if self._static:
-            return self._score_ids_static(batch, steps)
+        if self._fixed_buffers:
+            return self._score_ids_fixed_buffers(batch, steps)
         model, device = self.loaded.model, self.loaded.device
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
@@ -392,7 +392,7 @@ class DraftAttentionScorer:
             results.append((values.cpu(), n_used, tuple(int(t) for t in tokens[b][: n_used - 1])))
         return results
 
-    def _runner_for(self, size: int, width: int, steps: int) -> StaticLookAhead:
+    def _runner_for(self, size: int, width: int, steps: int) -> FixedBufferLookAhead:
         """Buffers for this batch: the kept ones when they fit (CUDA graphs only), else fresh ones."""
         keep = self.execution.cuda_graph and self.loaded.device.type == "cuda" and steps > 0
         runner = self._runner
@@ -400,8 +400,8 @@ class DraftAttentionScorer:
             return runner
         if keep:
             self._runner = None  # free the old buffers before allocating new ones
-        capacity = StaticLookAhead.capacity_for(width, steps) if keep else width + steps
-        runner = StaticLookAhead(
+        capacity = FixedBufferLookAhead.capacity_for(width, steps) if keep else width + steps
+        runner = FixedBufferLookAhead(
             self.loaded.model,
             size,
             capacity,
@@ -415,7 +415,7 @@ class DraftAttentionScorer:
             self._runner = runner
         return runner
 
-    def _score_ids_static(
+    def _score_ids_fixed_buffers(
         self, batch: list[tuple[int, ...]], steps: int
     ) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
         """`_score_ids` for global-attention drafts: fixed buffers, every query of every layer scored at once."""
