@@ -30,12 +30,17 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from profile_gpu import compare_scores, fixed_buffer_phases  # noqa: E402
 from ttft_gpu import CONFIGS, PAIRS, build_model, plain_forward, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
 
+from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
 from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
 from specprefill_sdk.types import Prompt  # noqa: E402
 
 logger = logging.getLogger("lean_gpu")
 
-VARIANTS = {"modules": {"lean": False}, "lean": {"lean": True}, "compiled": {"lean": True, "compile": True}}
+VARIANTS = {
+    "modules": ExecutionSettings(lean=False),
+    "lean": ExecutionSettings(lean=True),
+    "compiled": ExecutionSettings(lean=True, compile=True),
+}
 
 
 def kept_rows(name: str, target: Any, n: int, rates: list[float], bench: Any) -> list[dict[str, Any]]:
@@ -155,9 +160,9 @@ def main() -> int:
             ids = torch.randint(1000, dcfg["vocab_size"] - 1000, (n,), generator=gen).tolist()
             prompt = Prompt.from_token_ids(ids)
             reference: Any = None
-            for variant, options in VARIANTS.items():
+            for variant, execution in VARIANTS.items():
                 scorers = {
-                    la: DraftAttentionScorer(draft, look_ahead=la, target_tokenizer=tokenizer, **options)
+                    la: DraftAttentionScorer(draft, look_ahead=la, target_tokenizer=tokenizer, execution=execution)
                     for la in (1, 8)
                 }
                 started = time.perf_counter()
