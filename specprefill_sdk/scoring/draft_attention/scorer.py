@@ -423,30 +423,30 @@ class DraftAttentionScorer:
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
         collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
-        with self.lock:
-            runner = self._runner_for(size, width, steps)
-            with sdpa_context(self.execution.attention_backends, self.loaded.device):
-                first = runner.prefill(input_ids, attention_mask, position_ids)
-            if not runner.written:
-                raise SpecPrefillError(
-                    f"{type(model).__name__} did not route its attention through transformers' "
-                    "AttentionInterface; it cannot be used as a draft"
-                )
-            if len(runner.written) != len(runner.keys):
-                raise SpecPrefillError(
-                    f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} layers; "
-                    "it cannot be used as a draft"
-                )
-            with torch.inference_mode():
-                tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
-                collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
-            if first is None:  # stopped after `layers` layers: no look-ahead (steps is 0)
-                listed: list[list[int]] = [[] for _ in range(size)]
-            elif tokens is None:
-                listed = first[:, None].tolist()
-            else:
-                listed = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
-            best = collector.best
+        # the caller, `score_batch`, holds `lock`: the buffers are this draft's alone meanwhile
+        runner = self._runner_for(size, width, steps)
+        with sdpa_context(self.execution.attention_backends, self.loaded.device):
+            first = runner.prefill(input_ids, attention_mask, position_ids)
+        if not runner.written:
+            raise SpecPrefillError(
+                f"{type(model).__name__} did not route its attention through transformers' "
+                "AttentionInterface; it cannot be used as a draft"
+            )
+        if len(runner.written) != len(runner.keys):
+            raise SpecPrefillError(
+                f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} layers; "
+                "it cannot be used as a draft"
+            )
+        with torch.inference_mode():
+            tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
+            collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
+        if first is None:  # stopped after `layers` layers: no look-ahead (steps is 0)
+            listed: list[list[int]] = [[] for _ in range(size)]
+        elif tokens is None:
+            listed = first[:, None].tolist()
+        else:
+            listed = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
+        best = collector.best
         eos = set(self.loaded.eos_token_ids)
         limit = self.loaded.max_context
         results = []
