@@ -22,122 +22,52 @@ from ._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-_EXPORTS: dict[str, str] = {
-    # types
-    "Message": "types",
-    "Prompt": "types",
-    "TokenScores": "types",
-    "Selection": "types",
-    "CompressedPrompt": "types",
-    "SamplingParams": "types",
-    "Usage": "types",
-    "Timings": "types",
-    "Completion": "types",
-    "CompletionChunk": "types",
-    # errors
-    "SpecPrefillError": "errors",
-    "InvalidRequestError": "errors",
-    "ContextTooLongError": "errors",
-    "PolicyError": "errors",
-    "ModelLoadError": "errors",
-    "NotFoundError": "errors",
-    "BackendUnavailableError": "errors",
-    # interfaces
-    "Scorer": "interfaces",
-    "Selector": "interfaces",
-    "Backend": "interfaces",
-    "BackendCapabilities": "interfaces",
-    # pipeline, prompts, models
-    "Pipeline": "pipeline",
-    "Compression": "pipeline",
-    "build_prompt": "prompt",
-    "load_model": "models",
-    "LoadedModel": "models",
-    "BUNDLED_MODELS": "models",
-    "DEFAULT_MODEL": "models",
-    # scorers
-    "DraftAttentionScorer": "scoring",
-    "UniformScorer": "scoring",
-    "RandomScorer": "scoring",
-    "RecencyScorer": "scoring",
-    "HeadTailScorer": "scoring",
-    "SelfInformationScorer": "scoring",
-    # selectors
-    "KeepRate": "selection",
-    "TokenBudget": "selection",
-    "Chunked": "selection",
-    "Adaptive": "selection",
-    "Protect": "selection",
-    "DenseBelow": "selection",
-    # backends
-    "TransformersBackend": "backends",
-    "OpenAIBackend": "backends",
-    "VLLMBackend": "backends",
-    # how the scorer's and the backend's passes run
-    "ExecutionSettings": "runtime",
-    # policies, conversations
-    "Policy": "policies",
-    "load_policy": "policies",
-    "list_policies": "policies",
-    "load_pipeline": "policies",
-    "Conversation": "conversation",
-}
-
-__all__ = [
-    "BUNDLED_MODELS",
-    "DEFAULT_MODEL",
-    "Adaptive",
-    "Backend",
-    "BackendCapabilities",
-    "BackendUnavailableError",
-    "Chunked",
-    "Completion",
-    "CompletionChunk",
-    "CompressedPrompt",
-    "Compression",
-    "ContextTooLongError",
-    "Conversation",
-    "DenseBelow",
-    "DraftAttentionScorer",
-    "ExecutionSettings",
-    "HeadTailScorer",
-    "InvalidRequestError",
-    "KeepRate",
-    "LoadedModel",
-    "Message",
-    "ModelLoadError",
-    "NotFoundError",
-    "OpenAIBackend",
-    "Pipeline",
-    "Policy",
-    "PolicyError",
-    "Prompt",
-    "Protect",
-    "RandomScorer",
-    "RecencyScorer",
-    "SamplingParams",
-    "Scorer",
-    "Selection",
-    "Selector",
-    "SelfInformationScorer",
-    "SpecPrefillError",
-    "Timings",
-    "TokenBudget",
-    "TokenScores",
-    "TransformersBackend",
-    "UniformScorer",
-    "Usage",
-    "VLLMBackend",
-    "__version__",
-    "build_prompt",
-    "list_policies",
-    "load_model",
-    "load_pipeline",
-    "load_policy",
-]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+# Each public name once, under the module that defines it (the TYPE_CHECKING imports below repeat
+# them for static type checkers; tests/test_exports.py checks that both agree).
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "types": (
+            "Message",
+            "Prompt",
+            "TokenScores",
+            "Selection",
+            "CompressedPrompt",
+            "SamplingParams",
+            "Usage",
+            "Timings",
+            "Completion",
+            "CompletionChunk",
+        ),
+        "errors": (
+            "SpecPrefillError",
+            "InvalidRequestError",
+            "ContextTooLongError",
+            "PolicyError",
+            "ModelLoadError",
+            "NotFoundError",
+            "BackendUnavailableError",
+        ),
+        "interfaces": ("Scorer", "Selector", "Backend", "BackendCapabilities"),
+        "pipeline": ("Pipeline", "Compression"),
+        "prompt": ("build_prompt",),
+        "models": ("load_model", "LoadedModel", "BUNDLED_MODELS", "DEFAULT_MODEL"),
+        "scoring": (
+            "DraftAttentionScorer",
+            "UniformScorer",
+            "RandomScorer",
+            "RecencyScorer",
+            "HeadTailScorer",
+            "SelfInformationScorer",
+        ),
+        "selection": ("KeepRate", "TokenBudget", "Chunked", "Adaptive", "Protect", "DenseBelow"),
+        "backends": ("TransformersBackend", "OpenAIBackend", "VLLMBackend"),
+        "runtime": ("ExecutionSettings",),  # how the scorer's and the backend's passes run
+        "policies": ("Policy", "load_policy", "list_policies", "load_pipeline"),
+        "conversation": ("Conversation",),
+    },
+    eager=("__version__",),
+)
 
 
 if TYPE_CHECKING:

@@ -1,4 +1,14 @@
-"""Lazy package exports: a name is imported from its module on first access, then cached."""
+"""Lazy package exports: a name is imported from its module on first access, then cached.
+
+Every package of the SDK that re-exports names lazily (the top-level package, ``backends``,
+``server`` and the framework adapters) declares them once, grouped by the submodule that defines them::
+
+    __getattr__, __dir__, __all__ = lazy_exports(__name__, {"types": ("Prompt",), "pipeline": ("Pipeline",)})
+
+Static type checkers do not run this function, so a package also re-exports the same names under
+``if TYPE_CHECKING:`` (``from .types import Prompt as Prompt``); ``tests/test_exports.py`` checks
+that the two agree.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +21,22 @@ __all__ = ["lazy_exports"]
 
 
 def lazy_exports(
-    package: str, exports: Mapping[str, str], names: Sequence[str]
-) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
-    """The module ``__getattr__`` and ``__dir__`` of ``package``.
+    package: str, modules: Mapping[str, Sequence[str]], *, eager: Sequence[str] = ()
+) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+    """The module ``__getattr__``, ``__dir__`` and ``__all__`` of ``package``.
 
-    ``exports`` maps each public name to the submodule (relative to ``package``) that defines it;
-    ``names`` is the package's ``__all__``. Importing the package stays cheap: a submodule (and what
-    it imports, e.g. torch) loads when one of its names is first used.
+    ``modules`` maps each submodule (relative to ``package``, e.g. ``"types"`` or ``"backends.openai"``)
+    to the public names it defines; ``eager`` names public attributes the package defines itself
+    (``__version__``, constants). Importing the package stays cheap: a submodule (and what it imports,
+    e.g. torch) loads when one of its names is first used. A name listed twice is an error.
     """
+    exports: dict[str, str] = {}
+    for module, names in modules.items():
+        for name in names:
+            if name in exports or name in eager:
+                raise ValueError(f"{package}: {name!r} is exported twice")
+            exports[name] = module
+    public = sorted([*exports, *eager])
 
     def __getattr__(name: str) -> Any:
         module = exports.get(name)
@@ -29,6 +47,6 @@ def lazy_exports(
         return value
 
     def __dir__() -> list[str]:
-        return sorted(names)
+        return list(public)
 
-    return __getattr__, __dir__
+    return __getattr__, __dir__, public

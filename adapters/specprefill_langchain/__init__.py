@@ -21,17 +21,15 @@ from typing import TYPE_CHECKING
 
 from specprefill_sdk._lazy import lazy_exports
 
-_EXPORTS = {
-    "ChatSpecPrefill": "chat_models",
-    "SpecPrefillDocumentCompressor": "document_compressors",
-    "SpecPrefillMessageCompressor": "message_compressor",
-    "SpecPrefillMiddleware": "middleware",
-}
-
-__all__ = ["ChatSpecPrefill", "SpecPrefillDocumentCompressor", "SpecPrefillMessageCompressor", "SpecPrefillMiddleware"]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {
+        "chat_models": ("ChatSpecPrefill",),
+        "document_compressors": ("SpecPrefillDocumentCompressor",),
+        "message_compressor": ("SpecPrefillMessageCompressor",),
+        "middleware": ("SpecPrefillMiddleware",),
+    },
+)
 
 
 if TYPE_CHECKING:

@@ -17,22 +17,11 @@ SDK::
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = ["SpecPrefillCallback"]
+from specprefill_sdk._lazy import lazy_exports
 
-
-def __getattr__(name: str) -> Any:
-    if name != "SpecPrefillCallback":
-        raise AttributeError(f"module 'specprefill_litellm' has no attribute {name!r}")
-    value = importlib.import_module(".callback", __name__).SpecPrefillCallback
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {"callback": ("SpecPrefillCallback",)})
 
 
 if TYPE_CHECKING:

@@ -18,12 +18,9 @@ from typing import TYPE_CHECKING
 
 from specprefill_sdk._lazy import lazy_exports
 
-_EXPORTS = {"SpecPrefillLLM": "llm", "SpecPrefillNodePostprocessor": "postprocessor"}
-
-__all__ = ["SpecPrefillLLM", "SpecPrefillNodePostprocessor"]
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, __all__)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__, {"llm": ("SpecPrefillLLM",), "postprocessor": ("SpecPrefillNodePostprocessor",)}
+)
 
 
 if TYPE_CHECKING:

@@ -7,32 +7,16 @@ plugin. All are imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from .._lazy import lazy_exports
 from .base import BackendBase
 
-__all__ = ["BackendBase", "KVState", "OpenAIBackend", "TransformersBackend", "VLLMBackend"]
-
-_LAZY = {
-    "TransformersBackend": ".transformers",
-    "KVState": ".transformers",
-    "OpenAIBackend": ".openai",
-    "VLLMBackend": ".vllm",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module, __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {"transformers": ("TransformersBackend", "KVState"), "openai": ("OpenAIBackend",), "vllm": ("VLLMBackend",)},
+    eager=("BackendBase",),
+)
 
 
 if TYPE_CHECKING:

@@ -8,16 +8,9 @@ Example::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "DEFAULT_MAX_SESSIONS",
-    "DEFAULT_SESSION_STRATEGY",
-    "DEFAULT_SESSION_TTL",
-    "DEFAULT_WARMUP_TOKENS",
-    "ServerConfig",
-    "create_app",
-]
+from .._lazy import lazy_exports
 
 #: Seconds a conversation kept on the server may stay idle before it expires (``--session-ttl``).
 DEFAULT_SESSION_TTL = 600.0
@@ -31,16 +24,11 @@ DEFAULT_SESSION_STRATEGY = "incremental"
 DEFAULT_WARMUP_TOKENS = 4096
 
 
-def __getattr__(name: str) -> Any:
-    if name == "create_app":
-        from .app import create_app
-
-        return create_app
-    if name == "ServerConfig":
-        from .config import ServerConfig
-
-        return ServerConfig
-    raise AttributeError(f"module 'specprefill_sdk.server' has no attribute {name!r}")
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__,
+    {"app": ("create_app",), "config": ("ServerConfig",)},
+    eager=("DEFAULT_MAX_SESSIONS", "DEFAULT_SESSION_STRATEGY", "DEFAULT_SESSION_TTL", "DEFAULT_WARMUP_TOKENS"),
+)
 
 
 if TYPE_CHECKING:
