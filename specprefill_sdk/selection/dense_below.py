@@ -10,7 +10,7 @@ from ..errors import InvalidRequestError
 from ..interfaces import Selector
 from ..types import Prompt, Selection, TokenScores
 from ..validation import check_int
-from .base import FillSelector, dense_selection, prompt_protected, selection_from_mask
+from .base import FillSelector, dense_selection, prompt_protected, score_values, selection_from_mask
 
 __all__ = ["DenseBelow"]
 
@@ -61,6 +61,7 @@ class DenseBelow:
     def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
         """Like `select`, keeping ``forced`` too."""
         if prompt.n < self.tokens:
+            score_values(prompt, scores)  # scores for another prompt are an error here too
             mask = getattr(self.inner, "mask", None)
             own = mask(prompt) if callable(mask) else prompt_protected(prompt)
             return self._dense(prompt, forced.to(torch.bool) | own)
