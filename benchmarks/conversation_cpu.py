@@ -25,27 +25,23 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import RESULTS, save_figure, setup_logging, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.eval.corpora import haystack  # noqa: E402
-from specprefill_sdk.models import load_model  # noqa: E402
-from specprefill_sdk.pipeline import Pipeline  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer, UniformScorer  # noqa: E402
-from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.eval.corpora import haystack
+from specprefill_sdk.models import load_model
+from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.scoring import DraftAttentionScorer, UniformScorer
+from specprefill_sdk.selection import Chunked, KeepRate, Protect
 
 logger = logging.getLogger("conversation_cpu")
 
@@ -200,8 +196,7 @@ def plot(summary: dict[str, dict[str, Any]], path: Path) -> None:
     for ax in axes:
         ax.set_xticks(range(1, len(TURNS) + 1))
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    save_figure(fig, path)
 
 
 def main() -> None:
@@ -215,9 +210,9 @@ def main() -> None:
     parser.add_argument("--target", default="smollm2-135m", help="target model spec")
     parser.add_argument("--draft", default=None, help="draft model spec (default: the target)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    setup_logging()
     torch.set_num_threads(args.threads)
 
     loaded = load_model(args.target, device="cpu", dtype=args.dtype, progress=False)
@@ -248,12 +243,12 @@ def main() -> None:
         pipe = dense if strategy.startswith("uncompressed") else compressed
         results[strategy] = [run_conversation(pipe, strategy, doc, args.max_tokens) for doc in docs]
     summary = summarize(results)
-    args.out.mkdir(parents=True, exist_ok=True)
     stem = "conversation_cpu" if loaded.name == draft.name == "smollm2-135m" else f"conversation_cpu_{loaded.name}"
-    (args.out / f"{stem}.json").write_text(json.dumps({"meta": meta, "summary": summary, "runs": results}, indent=1))
-    (args.out / f"{stem}.md").write_text(markdown(meta, summary))
-    plot(summary, args.out / f"{stem}.png")
-    print(markdown(meta, summary))
+    result = {"meta": meta, "summary": summary, "runs": results}
+    text = write_results(
+        args.out, stem, result, lambda r: markdown(r["meta"], r["summary"]), lambda r, path: plot(r["summary"], path)
+    )
+    print(text)
 
 
 if __name__ == "__main__":

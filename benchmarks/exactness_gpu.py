@@ -28,21 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, write_results
+from ttft_gpu import CONFIGS, build_model, report_header, start_run, synthetic_tokenizer, tiny
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ttft_gpu import CONFIGS, build_model, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
-
-from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.scoring.draft_attention import reference_draft_attention_scores  # noqa: E402
-from specprefill_sdk.types import Prompt  # noqa: E402
+from specprefill_sdk.runtime import ExecutionSettings
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.scoring.draft_attention import reference_draft_attention_scores
+from specprefill_sdk.types import Prompt
 
 DRAFTS = ("llama-3.2-1b", "qwen2.5-0.5b")
 LOOK_AHEAD = 8
@@ -133,8 +128,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--n", type=int, default=2048)
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
-    parser.add_argument("--out", default="/tmp/exactness_gpu")
-    parser.add_argument("--name", default="exactness_gpu_h200")
+    add_output_args(parser, "exactness_gpu_h200", "/tmp/exactness_gpu")
     args = parser.parse_args()
     args.repeats = 1
     if args.tiny:
@@ -154,9 +148,7 @@ def main() -> int:
         del loaded
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    (out / f"{args.name}.md").write_text(markdown(result))
-    sys.stdout.write(markdown(result))
+    sys.stdout.write(write_results(out, args.name, result, markdown))
     return 0
 
 

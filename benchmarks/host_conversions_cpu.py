@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import operator
 import os
 import platform
@@ -31,19 +30,14 @@ import random
 import sys
 import timeit
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, command_line, write_results
+from ttft_gpu import CONFIGS, build_model, synthetic_tokenizer, tiny
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ttft_gpu import CONFIGS, build_model, synthetic_tokenizer, tiny  # noqa: E402
-
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.types import _increasing, int64_tensor  # noqa: E402
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import _increasing, int64_tensor
 
 
 def best_us(fn: Callable[[], Any], number: int, repeat: int) -> float:
@@ -125,13 +119,12 @@ def main() -> int:
     parser.add_argument("--kept", type=int, default=1248, help="kept tokens")
     parser.add_argument("--number", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="host_conversions_cpu")
+    add_output_args(parser, "host_conversions_cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     result: dict[str, Any] = {
         "benchmark": "host_conversions_cpu",
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "environment": {
             "python": platform.python_version(),
             "torch": torch.__version__,
@@ -142,12 +135,7 @@ def main() -> int:
         "repeat": args.repeat,
         "rows": measure(args.n, args.kept, args.number, args.repeat),
     }
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (out / f"{args.name}.md").write_text(text)
-    sys.stdout.write(text)
+    sys.stdout.write(write_results(args.out, args.name, result, markdown))
     return 0
 
 

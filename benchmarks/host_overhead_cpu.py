@@ -19,27 +19,18 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import platform
-import statistics
 import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, command_line, median_ms, write_results
+from ttft_gpu import CONFIGS, build_model, plain_forward, selector, synthetic_tokenizer, tiny
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ttft_gpu import CONFIGS, build_model, plain_forward, selector, synthetic_tokenizer, tiny  # noqa: E402
-
-from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.pipeline import Pipeline  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams
 
 
 def small(name: str) -> dict[str, Any]:
@@ -51,22 +42,11 @@ def small(name: str) -> dict[str, Any]:
     return config
 
 
-def median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    fn()
-    runs = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        runs.append((time.perf_counter() - t0) * 1000.0)
-    return statistics.median(runs)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=64, help="prompt tokens")
     parser.add_argument("--repeats", type=int, default=30)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="host_overhead_cpu")
+    add_output_args(parser, "host_overhead_cpu")
     args = parser.parse_args()
     torch.set_num_threads(1)
     cpu = torch.device("cpu")
@@ -85,16 +65,16 @@ def main() -> int:
     scores = scorer.score(prompt)
     r = args.repeats
     ms = {
-        "draft_plain": median_ms(lambda: plain_forward(draft, ids), r),
-        "score": median_ms(lambda: scorer.score(prompt), r),
-        "select": median_ms(lambda: selector(0.1).select(prompt, scores), r),
-        "kept_plain": median_ms(lambda: plain_forward(target, kids, kpos), r),
-        "kept_backend": median_ms(lambda: backend.generate(kept, first), r),
-        "e2e": median_ms(lambda: pipe.generate(prompt, first), r),
+        "draft_plain": median_ms(lambda: plain_forward(draft, ids), r, warmup=1),
+        "score": median_ms(lambda: scorer.score(prompt), r, warmup=1),
+        "select": median_ms(lambda: selector(0.1).select(prompt, scores), r, warmup=1),
+        "kept_plain": median_ms(lambda: plain_forward(target, kids, kpos), r, warmup=1),
+        "kept_backend": median_ms(lambda: backend.generate(kept, first), r, warmup=1),
+        "e2e": median_ms(lambda: pipe.generate(prompt, first), r, warmup=1),
     }
     result = {
         "benchmark": "host_overhead_cpu",
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "machine": {"cpu": platform.processor() or platform.machine(), "torch": torch.__version__, "threads": 1},
         "n": args.n,
         "kept": kept.kept,
@@ -107,9 +87,6 @@ def main() -> int:
         },
     }
     over = result["overhead_ms"]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = [
         "# Host time the SDK adds to plain forward passes (CPU, one thread, tiny matrices)",
         "",
@@ -125,8 +102,7 @@ def main() -> int:
         f"| {over['backend_over_kept_plain']:+.2f} | {over['pipeline_over_parts']:+.2f} |",
         "",
     ]
-    (out / f"{args.name}.md").write_text("\n".join(lines))
-    sys.stdout.write("\n".join(lines))
+    sys.stdout.write(write_results(args.out, args.name, result, lambda _: "\n".join(lines)))
     return 0
 
 

@@ -13,26 +13,20 @@ Usage (device machine)::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, write_results
+from profile_gpu import compare_scores, fixed_buffer_phases
+from ttft_gpu import CONFIGS, PAIRS, build_model, plain_forward, report_header, start_run, synthetic_tokenizer, tiny
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from profile_gpu import compare_scores, fixed_buffer_phases  # noqa: E402
-from ttft_gpu import CONFIGS, PAIRS, build_model, plain_forward, report_header, start_run, synthetic_tokenizer, tiny  # noqa: E402
-
-from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.types import Prompt  # noqa: E402
+from specprefill_sdk.runtime import ExecutionSettings
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import Prompt
 
 logger = logging.getLogger("lean_gpu")
 
@@ -127,8 +121,7 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--targets", action="store_true", help="also time the targets' kept prefills")
     parser.add_argument("--no-drafts", action="store_true")
-    parser.add_argument("--out", default="/tmp/lean_gpu")
-    parser.add_argument("--name", default="lean_gpu_h200")
+    add_output_args(parser, "lean_gpu_h200", "/tmp/lean_gpu")
     args = parser.parse_args()
     if args.tiny:
         args.lengths = [256, 512]
@@ -136,8 +129,7 @@ def main() -> int:
     result["rows"] = []
 
     def save() -> None:
-        (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-        (out / f"{args.name}.md").write_text(markdown(result))
+        write_results(out, args.name, result, markdown)
 
     for pair in ("llama", "qwen"):
         target_name, draft_name = PAIRS[pair]

@@ -29,12 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from ttft_gpu import (  # noqa: E402
+from _common import add_output_args, write_json, write_results
+from ttft_gpu import (
     CONFIGS,
     PAIRS,
     Bench,
@@ -47,11 +43,11 @@ from ttft_gpu import (  # noqa: E402
     tiny,
 )
 
-from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.pipeline import Pipeline  # noqa: E402
-from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.runtime import ExecutionSettings
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams
 
 logger = logging.getLogger("profile_gpu")
 
@@ -316,8 +312,7 @@ def main() -> int:
     parser.add_argument("--pipeline-n", type=int, default=4096)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--out", default="/tmp/profile_gpu")
-    parser.add_argument("--name", default="profile_gpu_h200")
+    add_output_args(parser, "profile_gpu_h200", "/tmp/profile_gpu")
     parser.add_argument("--render", type=Path, help="only write the markdown of an earlier run's JSON")
     args = parser.parse_args()
     if args.render:
@@ -328,7 +323,7 @@ def main() -> int:
     device, bench, out, result = start_run("profile_gpu", args, budget_s=1e9)
 
     def save() -> None:
-        (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(out, args.name, result)
 
     for pair in ("llama", "qwen"):
         target_name, draft_name = PAIRS[pair]
@@ -355,8 +350,7 @@ def main() -> int:
         save()
         del target, draft
         torch.cuda.empty_cache() if device.type == "cuda" else None
-    save()
-    (out / f"{args.name}.md").write_text(markdown(result))
+    write_results(out, args.name, result, markdown)
     for key in ("kernels_qwen_la8", "kernels_qwen_la1_short"):
         sys.stdout.write(f"== {key}\n{result[key]}\n")
     sys.stdout.write(json.dumps({k: v for k, v in result.items() if "kernels" not in k}, indent=1)[:6000] + "\n")

@@ -24,22 +24,19 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from _common import RESULTS, write_json
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from specprefill_sdk.eval.corpora import haystack  # noqa: E402
-from specprefill_sdk.models import LoadedModel, cache_argument, load_model  # noqa: E402
-from specprefill_sdk.prompt import build_prompt  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.types import Prompt  # noqa: E402
+from specprefill_sdk.eval.corpora import haystack
+from specprefill_sdk.models import LoadedModel, cache_argument, load_model
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.types import Prompt
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -74,7 +71,7 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scoring_cpu.json"))
+    parser.add_argument("--out", default=str(RESULTS / "scoring_cpu.json"))
     args = parser.parse_args()
 
     loaded = load_model(args.model, device="cpu", dtype=args.dtype, progress=False)
@@ -135,9 +132,7 @@ def main() -> int:
         },
         "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__},
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out = write_json(Path(args.out).parent, Path(args.out).stem, report, indent=2)
     print(json.dumps(report["ratios"]), "->", out)
     return 0
 

@@ -30,11 +30,11 @@ from typing import Any
 
 import httpx
 import torch
+from _common import RESULTS, ROOT, write_json
 
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.policies import load_pipeline
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
 QUESTION = "In one sentence, what is this text about?"
 
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-short", action="store_true", help="skip the one-line prompt (fixed per-request cost)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
     essay = [{"role": "user", "content": f"{haystack(args.chars)}\n\n{QUESTION}"}]
@@ -217,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "results": results,
     }
-    path = args.out / "server_overhead.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
+    path = write_json(args.out, "server_overhead", report, indent=2)
     log.unlink(missing_ok=True)
     print(f"wrote {path}")
     return 0

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import RESULTS, write_results
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -332,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path(__file__).parent / "results",
+        default=RESULTS,
         help="folder for tracing_overhead.json and tracing_overhead.md",
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown from a results JSON")
@@ -348,10 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.model_calls > 0:
         workloads.append(bench_smollm2(args.model_calls))
     result = {"benchmark": "tracing_overhead", "environment": environment, "workloads": workloads}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "tracing_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "tracing_overhead.md").write_text(_markdown(result))
-    sys.stdout.write(_markdown(result))
+    sys.stdout.write(write_results(args.out, "tracing_overhead", result, _markdown, indent=2))
     return 0
 
 

@@ -28,7 +28,6 @@ still time the whole draft.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -42,18 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, command_line, save_figure, setup_logging, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.eval.tasks import generate_samples  # noqa: E402
-from specprefill_sdk.models import LoadedModel, cache_argument, load_model  # noqa: E402
-from specprefill_sdk.pipeline import Pipeline  # noqa: E402
-from specprefill_sdk.prompt import build_prompt  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
-from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.eval.tasks import generate_samples
+from specprefill_sdk.models import LoadedModel, cache_argument, load_model
+from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.prompt import build_prompt
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.selection import Chunked, KeepRate, Protect
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams
 
 logger = logging.getLogger("ttft_cpu")
 
@@ -250,7 +247,7 @@ def header(args: argparse.Namespace, load_before: tuple[float, float, float]) ->
 
     return {
         "benchmark": "ttft_cpu",
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "target": args.target,
         "draft": args.draft,
         "policy": "Protect(Chunked(KeepRate(r), 32), sink=1, tail=True); DraftAttentionScorer(look_ahead=8, "
@@ -366,9 +363,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_title(f"CPU ({result['machine']['cpu_count']} cores): {result['draft']} -> {result['target']}", fontsize=10)
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> int:
@@ -379,8 +374,7 @@ def main() -> int:
     parser.add_argument("--keep-rates", nargs="+", type=float, default=[0.1, 0.3])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="ttft_cpu_qwen2.5-coder")
+    add_output_args(parser, "ttft_cpu_qwen2.5-coder")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2, the machine's cores)")
     parser.add_argument(
         "--draft-layers",
@@ -396,14 +390,10 @@ def main() -> int:
         help="also time the backend's dense path (a plain forward is always timed)",
     )
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    setup_logging()
 
     def write(result: dict[str, Any]) -> None:
-        (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-        (out / f"{args.name}.md").write_text(markdown(result))
-        plot(result, out / f"{args.name}.png")
+        write_results(args.out, args.name, result, markdown, plot)
 
     result = run(args, write)
     sys.stdout.write(markdown(result))

@@ -31,7 +31,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
 import os
 import platform
@@ -45,18 +44,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _common import add_output_args, command_line, save_figure, setup_logging, write_json, write_results
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from specprefill_sdk.backends import TransformersBackend  # noqa: E402
-from specprefill_sdk.models import LoadedModel, cache_argument  # noqa: E402
-from specprefill_sdk.pipeline import Pipeline  # noqa: E402
-from specprefill_sdk.runtime import ExecutionSettings  # noqa: E402
-from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, sdpa_context  # noqa: E402
-from specprefill_sdk.scoring import DraftAttentionScorer  # noqa: E402
-from specprefill_sdk.selection import Chunked, KeepRate, Protect  # noqa: E402
-from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams  # noqa: E402
+from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.models import LoadedModel, cache_argument
+from specprefill_sdk.pipeline import Pipeline
+from specprefill_sdk.runtime import ExecutionSettings
+from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, sdpa_context
+from specprefill_sdk.scoring import DraftAttentionScorer
+from specprefill_sdk.selection import Chunked, KeepRate, Protect
+from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams
 
 logger = logging.getLogger("ttft_gpu")
 
@@ -607,14 +604,14 @@ def environment(device: torch.device) -> dict[str, Any]:
 
 def start_run(name: str, args: argparse.Namespace, budget_s: float) -> tuple[torch.device, Bench, Path, dict[str, Any]]:
     """Logging, the device (CPU with ``--tiny`` or without CUDA), the timer, the output folder, the result's head."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stdout)
+    setup_logging(sys.stdout)
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     bench = Bench(device=device, repeats=args.repeats, deadline=time.perf_counter() + budget_s)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "benchmark": name,
-        "command": "python " + " ".join(sys.argv),
+        "command": command_line(),
         "environment": environment(device),
     }
     return device, bench, out, result
@@ -762,9 +759,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.suptitle(
         f"{result['environment'].get('gpu', result['environment']['device'])}, HF backend, bf16, batch 1", fontsize=10
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main() -> int:
@@ -795,8 +790,7 @@ def main() -> int:
         help="scorer and backend with compile=True (element-wise work fused by torch.compile; CUDA only)",
     )
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="ttft_gpu_h200")
+    add_output_args(parser, "ttft_gpu_h200")
     args = parser.parse_args()
     if args.tiny:
         args.lengths = [n for n in args.lengths if n <= 1024] or [256, 512]
@@ -805,7 +799,7 @@ def main() -> int:
 
     def sink(row: dict[str, Any]) -> None:
         result["rows"].append(row)
-        (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")  # partial results survive
+        write_json(out, args.name, result)  # partial results survive
 
     for pair in args.pairs:
         if bench.out_of_time():
@@ -819,7 +813,7 @@ def main() -> int:
         if args.profile_lookahead:
             draft_only = build_model(draft_name, dcfg, device, tokenizer)
             result.setdefault("profile", []).extend(profile_lookahead(pair, draft_only, tokenizer, args, bench))
-            (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
+            write_json(out, args.name, result)
             del draft_only
             continue
         target = build_model(target_name, tcfg, device, tokenizer)
@@ -831,13 +825,7 @@ def main() -> int:
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    text = markdown(result)
-    (out / f"{args.name}.md").write_text(text)
-    try:
-        plot(result, out / f"{args.name}.png")
-    except ImportError:
-        logger.warning("matplotlib is missing: no plot")
-    sys.stdout.write(text)
+    sys.stdout.write(write_results(out, args.name, result, markdown, plot))
     return 0
 
 

@@ -32,9 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import ROOT, add_output_args, command_line, setup_logging, write_json, write_results
 
 logger = logging.getLogger("warmup_gpu")
 
@@ -132,10 +130,9 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="tiny configs on CPU (a check of the script)")
     parser.add_argument("--tiny-warmup", type=int, default=256, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, default=None, help=argparse.SUPPRESS)  # set in the child
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--name", default="warmup_gpu_h200")
+    add_output_args(parser, "warmup_gpu_h200")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    setup_logging(sys.stderr)
     if args.tiny:
         args.lengths = [n for n in args.lengths if n <= 1024] or [256, 384]
     if args.mode is not None:
@@ -143,7 +140,7 @@ def main() -> int:
         return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"benchmark": "warmup_gpu", "command": "python " + " ".join(sys.argv), "runs": []}
+    result: dict[str, Any] = {"benchmark": "warmup_gpu", "command": command_line(), "runs": []}
     for mode in MODES:
         with tempfile.TemporaryDirectory(prefix=f"inductor-{mode}-") as cache:
             env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache}
@@ -155,10 +152,8 @@ def main() -> int:
                 sys.stderr.write(proc.stderr[-4000:])
                 return proc.returncode
             result["runs"].append(json.loads(proc.stdout.strip().splitlines()[-1]))
-        (out / f"{args.name}.json").write_text(json.dumps(result, indent=1) + "\n")
-    text = markdown(result)
-    (out / f"{args.name}.md").write_text(text)
-    sys.stdout.write(text)
+        write_json(out, args.name, result)  # partial results survive
+    sys.stdout.write(write_results(out, args.name, result, markdown))
     return 0
 
 

@@ -124,3 +124,38 @@ def test_host_conversions_benchmark_times_both_ways(tmp_path):
     assert len(result["rows"]) == 4
     assert all(r["python_us"] > 0 and r["sdk_us"] > 0 for r in result["rows"])
     assert "| backend inputs, 64 kept ids and positions |" in (tmp_path / "host_conversions_cpu.md").read_text()
+
+
+def _common() -> Any:
+    """benchmarks/_common.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_common", ROOT / "benchmarks" / "_common.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_shared_helper_writes_json_markdown_and_plot(tmp_path):
+    common = _common()
+    plotted: list[Path] = []
+    text = common.write_results(
+        tmp_path / "new", "x", {"a": 1}, lambda r: f"# {r['a']}\n", lambda r, path: plotted.append(path)
+    )
+    assert text == "# 1\n" and (tmp_path / "new" / "x.md").read_text() == text
+    assert (tmp_path / "new" / "x.json").read_text() == '{\n "a": 1\n}\n'
+    assert plotted == [tmp_path / "new" / "x.png"]
+    calls: list[int] = []
+    assert common.median_ms(lambda: calls.append(1), repeats=3, warmup=2) >= 0 and len(calls) == 5
+    assert str(ROOT) == sys.path[0]  # the checkout's specprefill_sdk comes first
+
+
+def test_the_scripts_share_their_boilerplate():
+    # vllm_*.py run inside vLLM's own process layout (they write the plugin's package metadata for
+    # vLLM's workers) and keep their set-up
+    scripts = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if p.name != "_common.py"]
+    for script in (p for p in scripts if not p.name.startswith("vllm_")):
+        text = script.read_text()
+        assert "from _common import" in text, script.name
+        assert "sys.path.insert" not in text and ".write_text(json.dumps(" not in text, script.name
