@@ -95,8 +95,6 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
 KNOWN_VIOLATIONS: list[tuple[str, ...]] = [
     ("edge", "specprefill_sdk.backends.openai", "specprefill_sdk.textmode"),
     ("edge", "specprefill_sdk._lean", "specprefill_sdk.scoring._attention_hook"),
-    ("edge", "specprefill_sdk.server.app", "specprefill_sdk.selection.base"),
-    ("edge", "specprefill_sdk.server.engine", "specprefill_sdk.selection.base"),
 ]
 
 
