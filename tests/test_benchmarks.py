@@ -71,15 +71,20 @@ def test_host_overhead_benchmark_reports_each_difference(tmp_path):
     assert result["layers"] == {"target": 32, "draft": 16} and result["kept"] < 48
 
 
-def _vllm_gpu() -> Any:
-    """benchmarks/vllm_gpu.py as a module (its pure helpers need no vLLM)."""
+def _script(name: str) -> Any:
+    """benchmarks/NAME.py as a module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("vllm_gpu", ROOT / "benchmarks" / "vllm_gpu.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _vllm_gpu() -> Any:
+    """benchmarks/vllm_gpu.py as a module (its pure helpers need no vLLM)."""
+    return _script("vllm_gpu")
 
 
 def test_the_steady_rate_of_a_burst_ignores_where_the_deadline_falls():
@@ -126,19 +131,8 @@ def test_host_conversions_benchmark_times_both_ways(tmp_path):
     assert "| backend inputs, 64 kept ids and positions |" in (tmp_path / "host_conversions_cpu.md").read_text()
 
 
-def _common() -> Any:
-    """benchmarks/_common.py as a module."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_common", ROOT / "benchmarks" / "_common.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_shared_helper_writes_json_markdown_and_plot(tmp_path):
-    common = _common()
+    common = _script("_common")
     plotted: list[Path] = []
     text = common.write_results(
         tmp_path / "new", "x", {"a": 1}, lambda r: f"# {r['a']}\n", lambda r, path: plotted.append(path)
