@@ -21,6 +21,7 @@ __all__ = [
     "Completion",
     "CompletionChunk",
     "CompressedPrompt",
+    "Compression",
     "FinishReason",
     "Message",
     "Prompt",
@@ -148,6 +149,40 @@ class Prompt:
             raise InvalidRequestError(f"protected mask has {len(mask)} entries for {self.n} tokens")
         merged = tuple(bool(a) or bool(b) for a, b in zip(self.protected, mask, strict=True))
         return replace(self, protected=merged)
+
+    def take(self, indices: Sequence[int], *, as_text: bool = False) -> Prompt:
+        """The tokens ``indices`` (increasing) of this prompt as a prompt of their own.
+
+        Offsets still point into ``text``; the generation prompt starts after the kept tokens before
+        it. ``as_text=True`` makes it a plain-text prompt (roles ``text``, one message, no generation
+        prompt), so chat protections (last user turn, roles) do not apply to it.
+
+        Example::
+
+            prompt.take(range(start, prompt.n))   # the tokens from ``start`` on
+        """
+        idx = list(indices)
+        m = len(idx)
+
+        def pick(values: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple(values[t] for t in idx)
+
+        if as_text:
+            roles, message_index, start, messages = (TEXT_ROLE,) * m, (0,) * m, m, None
+        else:
+            roles, message_index, messages = pick(self.roles), pick(self.message_index), self.messages
+            start = sum(1 for t in idx if t < self.generation_start)
+        return Prompt(
+            token_ids=pick(self.token_ids),
+            text=self.text,
+            roles=roles,
+            message_index=message_index,
+            offsets=pick(self.offsets),
+            special=pick(self.special),
+            protected=pick(self.protected),
+            generation_start=start,
+            messages=messages,
+        )
 
     def ids_tensor(self) -> torch.Tensor:
         """The token ids as a 1-D int64 tensor."""
@@ -281,6 +316,21 @@ class CompressedPrompt:
 
 
 @dataclass(frozen=True)
+class Compression:
+    """A compressed prompt with how it was obtained: stage times and a fallback reason, if any."""
+
+    compressed: CompressedPrompt
+    score_ms: float
+    select_ms: float
+    fallback: str | None = None
+
+    @property
+    def selection(self) -> Selection:
+        assert self.compressed.selection is not None
+        return self.compressed.selection
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """Decoding parameters. ``temperature == 0`` means greedy; ``seed`` makes sampling reproducible."""
 
@@ -307,6 +357,31 @@ class SamplingParams:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", param="stop")
+
+    @classmethod
+    def from_call(cls, params: SamplingParams | None, kwargs: Mapping[str, Any]) -> SamplingParams:
+        """``params``, or the parameters the keyword arguments of a call name (not both).
+
+        Raises:
+            InvalidRequestError: both given, an unknown keyword or a bad value.
+        """
+        if params is not None and kwargs:
+            raise InvalidRequestError("pass either a SamplingParams or keyword arguments, not both")
+        if params is not None:
+            return params
+        try:
+            return cls(**kwargs)
+        except TypeError as exc:
+            raise InvalidRequestError(str(exc)) from exc
+
+    def request_fields(self) -> dict[str, Any]:
+        """These parameters as the fields of an OpenAI completions request body."""
+        body: dict[str, Any] = {"max_tokens": self.max_tokens, "temperature": self.temperature, "top_p": self.top_p}
+        if self.stop:
+            body["stop"] = list(self.stop)
+        if self.seed is not None:
+            body["seed"] = self.seed
+        return body
 
     @property
     def greedy(self) -> bool:

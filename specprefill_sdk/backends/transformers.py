@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._timing import elapsed_ms as _ms
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
@@ -56,10 +57,6 @@ DEFAULT_PREFILL_CHUNK = 4096
 DEFAULT_UNMASKED_CHUNK = 32768
 #: Prompts per padded batch in `TransformersBackend.generate_batch`.
 DEFAULT_MAX_BATCH = 16
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
 
 
 @dataclass

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..._timing import elapsed_ms as _ms
 from ...errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError, ModelLoadError
 from ...interfaces import BackendCapabilities
 from ...models import DEFAULT_MODEL, resolve_model_path
@@ -46,10 +47,6 @@ logger = logging.getLogger(__name__)
 
 WORKER_EXTENSION = "specprefill_sdk.backends.vllm.worker.SpecPrefillWorkerExtension"
 _V2_RUNNER_MODULE = "vllm.v1.worker.gpu.model_runner"
-
-
-def _ms(start: float, end: float | None = None) -> float:
-    return ((end if end is not None else time.perf_counter()) - start) * 1000.0
 
 
 def _architectures(source: Path | str, overrides: Mapping[str, Any] | None) -> list[str]:

@@ -254,15 +254,9 @@ def vllm_completion_body(
     body: dict[str, Any] = {
         "model": model,
         "prompt": tokens["prompt_token_ids"],
-        "max_tokens": params.max_tokens,
-        "temperature": params.temperature,
-        "top_p": params.top_p,
+        **params.request_fields(),
         "return_token_ids": True,
     }
-    if params.stop:
-        body["stop"] = list(params.stop)
-    if params.seed is not None:
-        body["seed"] = params.seed
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
