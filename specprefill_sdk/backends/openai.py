@@ -29,13 +29,14 @@ import logging
 import random
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import httpx
 from opentelemetry import propagate
 
+from .._timing import elapsed_ms as _ms
 from ..errors import (
     BackendUnavailableError,
     ContextTooLongError,
@@ -45,14 +46,12 @@ from ..errors import (
     SpecPrefillError,
 )
 from ..interfaces import BackendCapabilities
-from ..textmode import render_kept
+from ..rendering import DEFAULT_SEPARATOR, render_kept_messages, render_kept_text
 from ..types import (
-    TEMPLATE_ROLE,
     Completion,
     CompletionChunk,
     CompressedPrompt,
     FinishReason,
-    Prompt,
     SamplingParams,
     Timings,
     Usage,
@@ -66,81 +65,8 @@ logger = logging.getLogger(__name__)
 Mode = Literal["auto", "positions", "text"]
 Wire = Literal["specprefill", "vllm"]
 
-#: Placed between non-contiguous kept spans in text mode.
-DEFAULT_SEPARATOR = " ... "
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _FALLBACK_CONTEXT = 8192
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
-
-
-# ----------------------------------------------------------------------------- rendering kept spans
-def _covers(prompt: Prompt, indices: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
-    """Character ranges that tile ``[start, end)``: a token runs from its start to the next one's.
-
-    The whitespace between two tokens goes with the token before it, so kept runs keep their spacing.
-    """
-    starts = [min(max(prompt.offsets[t][0], start), end) for t in indices]
-    if starts:
-        starts[0] = start
-    return [(a, max(a, starts[j + 1] if j + 1 < len(starts) else end)) for j, a in enumerate(starts)]
-
-
-def _render(prompt: Prompt, indices: Sequence[int], kept: set[int], separator: str) -> str:
-    start, end = prompt.offsets[indices[0]][0], max(prompt.offsets[t][1] for t in indices)
-    text, _ = render_kept(prompt.text, _covers(prompt, indices, start, end), [t in kept for t in indices], separator)
-    return text
-
-
-def render_kept_text(compressed: CompressedPrompt, tokenizer: Any, separator: str = DEFAULT_SEPARATOR) -> str:
-    """The kept tokens of a compressed prompt as text, with ``separator`` where tokens were dropped.
-
-    Special tokens of a text prompt are left out (the remote adds its own). A compressed prompt
-    without its `Prompt` (bare ids) is decoded run by run.
-    """
-    prompt = compressed.prompt
-    if prompt is None or not any(b > a for a, b in prompt.offsets):
-        ids = dict(zip(compressed.position_ids, compressed.token_ids, strict=True))
-        runs: list[list[int]] = []
-        for p in compressed.position_ids:
-            if runs and p == runs[-1][-1] + 1:
-                runs[-1].append(p)
-            else:
-                runs.append([p])
-        return separator.join(str(tokenizer.decode([ids[p] for p in run], skip_special_tokens=False)) for run in runs)
-    indices = (
-        [t for t in range(prompt.n) if not prompt.special[t]] if prompt.messages is None else list(range(prompt.n))
-    )
-    if not indices:
-        raise InvalidRequestError("the prompt has no text to render", param="prompt")
-    return _render(prompt, indices, set(compressed.position_ids), separator)
-
-
-def render_kept_messages(
-    compressed: CompressedPrompt, tokenizer: Any, separator: str = DEFAULT_SEPARATOR
-) -> list[dict[str, str]]:
-    """Each chat message with the characters of its kept content tokens, for a remote chat template.
-
-    Template tokens are dropped (the remote renders its own template); a message kept whole is sent
-    unchanged, one with nothing kept is sent empty, so the turn order stays.
-
-    Raises:
-        InvalidRequestError: the compressed prompt carries no chat messages.
-    """
-    prompt = compressed.prompt
-    if prompt is None or prompt.messages is None:
-        raise InvalidRequestError("this compressed prompt has no chat messages to render")
-    kept = set(compressed.position_ids)
-    out: list[dict[str, str]] = []
-    for index, message in enumerate(prompt.messages):
-        content = [t for t in range(prompt.n) if prompt.message_index[t] == index and prompt.roles[t] != TEMPLATE_ROLE]
-        if not content or all(t in kept for t in content):
-            out.append(message.to_dict())
-        else:
-            out.append({"role": message.role, "content": _render(prompt, content, kept, separator)})
-    return out
 
 
 # ----------------------------------------------------------------------------- the backend
@@ -373,16 +299,7 @@ class OpenAIBackend(BackendBase):
 
     # ------------------------------------------------------------------ request bodies
     def _request(self, prompt: CompressedPrompt, params: SamplingParams, mode: str, stream: bool) -> _Request:
-        body: dict[str, Any] = {
-            "model": self.model,
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-        }
-        if params.stop:
-            body["stop"] = list(params.stop)
-        if params.seed is not None:
-            body["seed"] = params.seed
+        body: dict[str, Any] = {"model": self.model, **params.request_fields()}
         if stream:
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
