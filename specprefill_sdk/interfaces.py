@@ -1,17 +1,37 @@
 """The three stage contracts: `Scorer` -> `Selector` -> `Backend`.
 
-Each is a `typing.Protocol`: any object with these methods fits, no inheritance needed.
+Each is a `typing.Protocol`: any object with these methods fits, no inheritance needed. Beside
+them, the side interfaces that some stages offer and drivers use when they are there: a scorer's
+draft model (`ModelScorer`, `LookAheadScorer`, `DraftModelScorer`), a draft that can keep its cache
+across conversation turns (`IncrementalScorer`), a backend that keeps KV state (`SessionBackend`),
+a backend's provider and server address for traces (`ProviderBackend`, `RemoteBackend`).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
 
-__all__ = ["Backend", "BackendCapabilities", "Scorer", "Selector"]
+if TYPE_CHECKING:
+    from .models import LoadedModel
+
+__all__ = [
+    "Backend",
+    "BackendCapabilities",
+    "DraftModelScorer",
+    "IncrementalScorer",
+    "LookAheadScorer",
+    "ModelScorer",
+    "ProviderBackend",
+    "RemoteBackend",
+    "Scorer",
+    "Selector",
+    "SessionBackend",
+    "SessionState",
+]
 
 
 @runtime_checkable
@@ -29,6 +49,65 @@ class Scorer(Protocol):
 
     def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
         """Score several prompts; equal to ``[score(p) for p in prompts]``."""
+        ...
+
+
+@runtime_checkable
+class ModelScorer(Scorer, Protocol):
+    """A scorer that runs a draft model: results and traces name it."""
+
+    @property
+    def model_name(self) -> str | None:
+        """The draft's name (None when a wrapper's inner scorer has none)."""
+        ...
+
+
+@runtime_checkable
+class LookAheadScorer(Scorer, Protocol):
+    """A scorer whose queries come from look-ahead decoding of the draft: traces report how many."""
+
+    @property
+    def look_ahead(self) -> int | None:
+        """N, the number of queries (the last prompt token plus N-1 look-ahead tokens)."""
+        ...
+
+
+@runtime_checkable
+class DraftModelScorer(ModelScorer, Protocol):
+    """A scorer holding a loaded draft model: its context bounds what a conversation may hold."""
+
+    @property
+    def loaded(self) -> LoadedModel:
+        """The draft model (and its tokenizer, device and context)."""
+        ...
+
+
+@runtime_checkable
+class IncrementalScorer(DraftModelScorer, Protocol):
+    """A draft-attention scorer whose draft can keep its KV cache across conversation turns.
+
+    These are the knobs a `specprefill_sdk.scoring.incremental.DraftSession` scores with, so that a
+    session gives the scores the scorer gives for the whole prompt.
+    """
+
+    @property
+    def look_ahead(self) -> int:
+        """N, the number of queries."""
+        ...
+
+    @property
+    def pool_kernel(self) -> int:
+        """The width of the average pool over each attention row."""
+        ...
+
+    @property
+    def layers(self) -> int | None:
+        """Score with the draft's first ``layers`` layers only (None: all)."""
+        ...
+
+    @property
+    def target_tokenizer(self) -> Any:
+        """The target's tokenizer when known (reads the prompt's ids directly when vocabularies match)."""
         ...
 
 
@@ -106,3 +185,62 @@ class Backend(Protocol):
     def astream(self, prompt: CompressedPrompt, params: SamplingParams) -> AsyncIterator[CompletionChunk]:
         """Async form of `stream`."""
         ...
+
+
+@runtime_checkable
+class SessionState(Protocol):
+    """A target KV state kept between calls: which original positions it holds."""
+
+    #: tokens the last prefill ran through the model
+    last_prefilled: int
+
+    def cached_positions(self) -> list[int]:
+        """The original positions held, in slot order."""
+        ...
+
+
+@runtime_checkable
+class SessionBackend(Protocol):
+    """What a `Backend` that keeps KV state between calls offers a `Conversation`.
+
+    A backend declares it with ``capabilities.supports_sessions``; the state type is the backend's own
+    (``Any`` here, as each backend takes only the states it made).
+    """
+
+    def new_state(self) -> Any:
+        """An empty `SessionState`."""
+        ...
+
+    def prefill(self, prompt: CompressedPrompt, state: Any = None) -> Any:
+        """Bring ``state`` (or a new one) up to ``prompt``: kept tokens not yet cached are prefilled."""
+        ...
+
+    def feed(self, state: Any, tokens: Sequence[int]) -> None:
+        """Append one token per row at each row's next position."""
+        ...
+
+    def decode(self, state: Any, params: SamplingParams) -> Iterator[int]:
+        """Sample tokens from ``state``, feeding each back before the next."""
+        ...
+
+    def evict_positions(self, state: Any, positions: Sequence[int]) -> int:
+        """Drop the cached tokens at these original positions; return how many were held."""
+        ...
+
+    def stream_from(self, state: Any, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+        """Like `Backend.stream`, but extends ``state`` instead of starting from an empty cache."""
+        ...
+
+
+@runtime_checkable
+class ProviderBackend(Protocol):
+    """A backend that names its GenAI provider for traces (``gen_ai.provider.name``; default ``specprefill``)."""
+
+    provider_name: str
+
+
+@runtime_checkable
+class RemoteBackend(Protocol):
+    """A backend that talks to a server: traces report its address (``server.address``, ``server.port``)."""
+
+    base_url: str
