@@ -1,4 +1,4 @@
-"""`telemetry_setup.configure`: console and OTLP export for real, the no-op default, and its errors."""
+"""`tracing.setup.configure`: console and OTLP export for real, the no-op default, and its errors."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 import specprefill_sdk
 from specprefill_sdk import InvalidRequestError, Pipeline, SpecPrefillError
-from specprefill_sdk.telemetry_setup import KINDS, configure
+from specprefill_sdk.tracing.setup import KINDS, configure
 
 sys.path.insert(0, str(Path(__file__).parent))
 from test_tracing import EchoBackend, KeepQuarter, LastTokensScorer, chat_prompt
@@ -275,7 +275,7 @@ seen = Back.seen[-1].get_span_context()
 print("passed through", format(seen.trace_id, "032x"), format(seen.span_id, "016x"))
 if sys.argv[1] == "configure-later":
     # a provider configured after the pipeline was built is picked up (the API's proxy providers)
-    from specprefill_sdk.telemetry_setup import configure
+    from specprefill_sdk.tracing.setup import configure
     configure("console", set_global=True, out=sys.stdout)
     pipe.generate(Prompt.from_token_ids(range(1, 41)), max_tokens=1)
     print("traced", Back.seen[-1].get_span_context().is_valid)

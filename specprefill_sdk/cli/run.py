@@ -213,7 +213,7 @@ def main(args: argparse.Namespace) -> int:
         _quiet_transformers(getattr(args, "verbose", 0))
         tracer_provider, meter_provider = None, None
         if getattr(args, "otel", "none") != "none":
-            from ..telemetry_setup import configure
+            from ..tracing.setup import configure
 
             tracer_provider, meter_provider = configure(args.otel)
         pipe = load_pipeline(

@@ -127,7 +127,7 @@ def _configure_telemetry(kind: str) -> tuple[Any, Any]:
     """
     if kind == "none":
         return None, None
-    from ..telemetry_setup import configure
+    from ..tracing.setup import configure
 
     return configure(kind, set_global=True, service_name="specprefill-server")
 

@@ -29,7 +29,7 @@ from typing import Any, TextIO
 
 from opentelemetry import metrics, trace
 
-from .errors import InvalidRequestError, SpecPrefillError
+from ..errors import InvalidRequestError, SpecPrefillError
 
 __all__ = ["KINDS", "configure"]
 
@@ -122,7 +122,7 @@ def _signal_off(name: str) -> bool:
 
 
 def _resource_attributes(service_name: str | None) -> dict[str, str]:
-    from . import __version__
+    from .. import __version__
 
     # Explicit resource attributes override the environment's, so these are defaults that only fill
     # what OTEL_SERVICE_NAME / OTEL_RESOURCE_ATTRIBUTES leave open.

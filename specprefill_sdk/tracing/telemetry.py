@@ -2,7 +2,7 @@
 
 The SDK never configures OpenTelemetry. Pass ``tracer_provider``/``meter_provider`` to a `Pipeline`
 (or configure the global ones in your application); without an SDK the API's no-op providers make
-every call here free. `specprefill_sdk.telemetry_setup.configure` builds exporting providers for the
+every call here free. `specprefill_sdk.tracing.setup.configure` builds exporting providers for the
 command line and the server.
 
 Spans: ``specprefill.pipeline`` (root) with ``specprefill.score``, ``specprefill.select`` and the
@@ -56,7 +56,7 @@ class Telemetry:
     """
 
     def __init__(self, tracer_provider: Any = None, meter_provider: Any = None) -> None:
-        from . import __version__
+        from .. import __version__
 
         self.tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer(_SCOPE, __version__)
         meter = (meter_provider or metrics.get_meter_provider()).get_meter(_SCOPE, __version__)
