@@ -121,6 +121,8 @@ class LLMLinguaSelector:
                 tiktoken.encoding_for_model = original
         self.compressor.model = _LegacyCacheModel(self.compressor.model)
         self.last_match = 1.0
+        # The draft runs one call at a time: concurrent selections take turns.
+        self._lock = threading.Lock()
 
     def _kept_characters(self, text: str, budget: int, spans: Sequence[tuple[int, int]], shift: int) -> list[bool]:
         """Run LLMLingua's token filter on ``text``; flag the ``spans`` (shifted by ``shift``) it keeps.
@@ -181,7 +183,8 @@ class LLMLinguaSelector:
         members = [i for i, (s, e) in enumerate(prompt.offsets) if e > s and s >= a and e <= b]
         keep = forced.clone()
         if budget > 0 and members:
-            flags = self._kept_characters(prompt.text[a:b], budget, [prompt.offsets[i] for i in members], a)
+            with self._lock:
+                flags = self._kept_characters(prompt.text[a:b], budget, [prompt.offsets[i] for i in members], a)
             for i, flag in zip(members, flags, strict=True):
                 if flag:
                     keep[i] = True

@@ -11,6 +11,7 @@ Example::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +33,7 @@ class SelfInformationScorer:
     scores are projected by character overlap, as for `DraftAttentionScorer`. ``chunk_size`` bounds the
     logits held at once (``chunk_size x vocabulary`` floats). Prompts are scored one by one: a padded
     batch would not be cheaper for a single forward pass without look-ahead on CPU, and one by one
-    needs no masks.
+    needs no masks. Calls from several threads take turns on the draft (one lock per scorer).
 
     Example::
 
@@ -53,6 +54,7 @@ class SelfInformationScorer:
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise InvalidRequestError(f"chunk_size must be an integer >= 1, got {chunk_size!r}", param="chunk_size")
         self.chunk_size = chunk_size
+        self._lock = threading.Lock()
         self.loaded = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
         model = self.loaded.model
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -79,7 +81,8 @@ class SelfInformationScorer:
                 f"{self.loaded.max_context}",
                 code="draft_context_exceeded",
             )
-        values = self._surprisal(draft.ids)
+        with self._lock:
+            values = self._surprisal(draft.ids)
         if draft.offsets is not None:
             values = project_scores(values, draft.offsets, prompt.offsets)
         info = {"draft": self.model_name, "n": prompt.n, "draft_tokens": len(draft.ids), "projected": draft.projected}
