@@ -25,20 +25,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import functools
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ._aio import chunks_in_threads
+from ._timing import elapsed_ms
 from .errors import ContextTooLongError, InvalidRequestError
+from .interfaces import DraftModelScorer, IncrementalScorer, SessionBackend, SessionState
 from .types import (
     Completion,
     CompletionChunk,
     CompressedPrompt,
+    Compression,
     Message,
     Prompt,
     SamplingParams,
@@ -48,20 +51,14 @@ from .types import (
 )
 
 if TYPE_CHECKING:
-    from .backends.transformers import KVState
     from .pipeline import Pipeline
+    from .scoring.draft_attention import DraftSession
 
 __all__ = ["STRATEGIES", "Conversation", "Strategy", "TurnStats"]
-
-logger = logging.getLogger(__name__)
 
 Strategy = Literal["recompute", "incremental", "refresh"]
 STRATEGIES: tuple[str, ...] = ("recompute", "incremental", "refresh")
 Overflow = Literal["error", "drop_oldest"]
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -101,12 +98,15 @@ class TurnStats:
 
 @dataclass
 class _Plan:
-    compressed: CompressedPrompt
-    score_ms: float
-    select_ms: float
+    """What a turn that reuses caches prefills: the compression, the draft tokens read, the evicted tokens."""
+
+    compression: Compression
     draft_tokens: int
     evicted: int
-    fallback: str | None
+
+    @property
+    def compressed(self) -> CompressedPrompt:
+        return self.compression.compressed
 
 
 class Conversation:
@@ -157,7 +157,7 @@ class Conversation:
         backend = pipeline.backend
         # The cheap check first: asking a remote backend for its capabilities may query the server.
         if strategy != "recompute" and not (
-            hasattr(backend, "stream_from") and getattr(backend.capabilities, "supports_sessions", False)
+            isinstance(backend, SessionBackend) and backend.capabilities.supports_sessions
         ):
             raise InvalidRequestError(
                 f"strategy {strategy!r} keeps KV state between turns, which {type(backend).__name__} cannot; "
@@ -180,10 +180,10 @@ class Conversation:
         self._limit_cache: int | None = None
         self.turns: list[TurnStats] = []
         self._lock = threading.Lock()
-        self._draft: Any = None
+        self._draft: DraftSession | None = None
         if strategy != "recompute":
             self._draft = self._draft_session()
-        self.state: KVState | None = None
+        self.state: SessionState | None = None
         self._state_ids: list[int] = []  # the token at each position the target state has seen
 
     # ----------------------------------------------------------------- public API
@@ -232,7 +232,7 @@ class Conversation:
         conversation answers one message at a time: the next one waits until this stream ends or is closed.
         """
         msg = self._message(message)
-        sp = self._params(params, sampling)
+        sp = SamplingParams.from_call(params, sampling)
         self._build([*self._messages, msg], sp)  # raise context errors now rather than at the first chunk
         return self._turn(msg, sp)
 
@@ -261,33 +261,21 @@ class Conversation:
             raise InvalidRequestError("the message is empty", param="message")
         return msg
 
-    @staticmethod
-    def _params(params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
-        if params is not None and sampling:
-            raise InvalidRequestError("pass either a SamplingParams or keyword arguments, not both")
-        if params is not None:
-            return params
-        try:
-            return SamplingParams(**sampling)
-        except TypeError as exc:
-            raise InvalidRequestError(str(exc)) from exc
-
     def _context_limit(self, max_context: int | None) -> int:
         limits = [int(self.pipeline.backend.max_context)]
-        loaded = getattr(self.pipeline.scorer, "loaded", None)
-        if loaded is not None and self.strategy != "recompute":
-            limits.append(int(loaded.max_context))
+        scorer = self.pipeline.scorer
+        if isinstance(scorer, DraftModelScorer) and self.strategy != "recompute":
+            limits.append(int(scorer.loaded.max_context))
         if max_context is not None:
             limits.append(max_context)
         return min(limits)
 
-    def _draft_session(self) -> Any:
-        from .scoring.draft_attention import DraftAttentionScorer
-
-        if isinstance(self.pipeline.scorer, DraftAttentionScorer):
+    def _draft_session(self) -> DraftSession | None:
+        if isinstance(self.pipeline.scorer, IncrementalScorer):
             from .scoring.draft_attention import DraftSession
 
-            return DraftSession(self.pipeline.scorer)
+            # The session reads the knobs `IncrementalScorer` declares.
+            return DraftSession(self.pipeline.scorer)  # type: ignore[arg-type]
         return None
 
     def _drop_caches(self) -> None:
@@ -328,22 +316,18 @@ class Conversation:
             prompt, messages, dropped = self._build([*self._messages, msg], params)
             text: list[str] = []
             committed = False
-            plan: _Plan | None = None
+            plans: list[_Plan] = []  # the plan of a turn that reuses caches, made by its compress step
             chunks: Iterator[CompletionChunk]
             if self.strategy == "recompute":
                 chunks = self.pipeline.stream(prompt, params, conversation_id=self.id)
             else:
-                try:
-                    plan = self._plan(prompt)
-                except Exception:
-                    self._drop_caches()
-                    raise
-                chunks = self._traced(self._generate(prompt, plan, params, t0), prompt, params)
+                chunks = self._reuse(prompt, params, t0, plans)
             try:
                 for chunk in chunks:
                     text.append(chunk.text)
                     if chunk.completion is not None:
                         # Commit before handing out the last chunk: a caller may stop reading right there.
+                        plan = plans[0] if plans else None
                         self.turns.append(self._turn_stats(prompt, plan, chunk.completion, dropped))
                         self._messages = [*messages, Message("assistant", chunk.completion.text)]
                         committed = True
@@ -362,81 +346,24 @@ class Conversation:
                 if close is not None:
                     close()  # settles the cache bookkeeping of an unfinished generation now
 
-    def _traced(
-        self, chunks: Iterator[CompletionChunk], prompt: Prompt, params: SamplingParams
+    def _reuse(
+        self, prompt: Prompt, params: SamplingParams, t0: float, plans: list[_Plan]
     ) -> Iterator[CompletionChunk]:
-        """The pipeline's spans for a turn that reuses caches (the recompute strategy gets them from the pipeline).
+        """A turn that reuses the caches, traced as the pipeline traces a request (the recompute strategy is one)."""
 
-        The spans are attached to the context only around this generator's own work, never across a yield.
-        """
-        from opentelemetry.trace import SpanKind
+        def compress() -> Compression:
+            plans.append(self._plan(prompt))
+            return plans[0].compression
 
-        from .tracing import mark_cancelled, record_error, set_attributes
-
-        tel = self.pipeline.telemetry
-        model = self.pipeline.backend.model_name
-        root = tel.start_span(
-            "specprefill.pipeline",
-            {
-                "specprefill.prompt_tokens": prompt.n,
-                "gen_ai.conversation.id": self.id,
-                "gen_ai.request.model": model,
-                "specprefill.conversation.strategy": self.strategy,
-            },
+        return self.pipeline.trace.stream(
+            prompt,
+            params,
+            self.id,
+            compress,
+            self._stream_from,
+            functools.partial(self.pipeline.finish, t0),
+            root_extra={"specprefill.conversation.strategy": self.strategy},
         )
-        with tel.activate(root):
-            span = tel.start_span(
-                f"chat {model}",
-                {
-                    "gen_ai.operation.name": "chat",
-                    "gen_ai.provider.name": getattr(self.pipeline.backend, "provider_name", "specprefill"),
-                    "gen_ai.request.model": model,
-                    "gen_ai.conversation.id": self.id,
-                    "gen_ai.request.max_tokens": params.max_tokens,
-                    "gen_ai.request.temperature": params.temperature,
-                    "gen_ai.request.stream": True,
-                },
-                kind=SpanKind.CLIENT,
-            )
-        try:
-            while True:
-                with tel.activate(span):
-                    chunk = next(chunks, None)
-                if chunk is None:
-                    break
-                if chunk.completion is not None:
-                    c = chunk.completion
-                    set_attributes(
-                        span,
-                        {
-                            "gen_ai.usage.input_tokens": c.usage.kept_tokens,
-                            "gen_ai.usage.output_tokens": c.usage.completion_tokens,
-                            "gen_ai.response.finish_reasons": (c.finish_reason,),
-                        },
-                    )
-                    set_attributes(
-                        root,
-                        {
-                            "specprefill.kept_tokens": c.usage.kept_tokens,
-                            "specprefill.keep_ratio": c.usage.keep_ratio,
-                            "specprefill.ttft_ms": c.timings.ttft,
-                        },
-                    )
-                yield chunk
-        except GeneratorExit:
-            mark_cancelled(span)
-            mark_cancelled(root)
-            raise
-        except BaseException as exc:
-            record_error(span, exc)
-            record_error(root, exc)
-            raise
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-            span.end()
-            root.end()
 
     def _turn_stats(self, prompt: Prompt, plan: _Plan | None, completion: Completion, dropped: int) -> TurnStats:
         if plan is None:  # recompute: one pipeline call
@@ -470,31 +397,16 @@ class Conversation:
             timings=timings,
         )
 
-    def _generate(self, prompt: Prompt, plan: _Plan, params: SamplingParams, t0: float) -> Iterator[CompletionChunk]:
-        backend: Any = self.pipeline.backend
-        assert self.state is not None
-        backend_start = time.perf_counter()
+    @property
+    def _backend(self) -> SessionBackend:
+        return cast(SessionBackend, self.pipeline.backend)  # checked at construction
+
+    def _stream_from(self, compressed: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
+        assert self.state is not None and compressed.prompt is not None
         fed: list[int] = []
-        self._state_ids = list(prompt.token_ids)
+        self._state_ids = list(compressed.prompt.token_ids)
         try:
-            for chunk in backend.stream_from(self.state, plan.compressed, params):
-                if chunk.completion is not None:
-                    result = chunk.completion
-                    ttft = (backend_start - t0) * 1000.0 + result.timings.ttft
-                    completion = replace(
-                        result,
-                        timings=Timings(
-                            score=plan.score_ms,
-                            select=plan.select_ms,
-                            prefill=result.timings.prefill,
-                            ttft=ttft,
-                            total=_ms(t0),
-                        ),
-                        draft=self.pipeline.draft_name if plan.draft_tokens or plan.fallback else None,
-                        fallback=plan.fallback,
-                        selection=plan.compressed.selection,
-                    )
-                    chunk = replace(chunk, completion=completion)
+            for chunk in self._backend.stream_from(self.state, compressed, params):
                 fed.extend(chunk.token_ids)
                 yield chunk
         finally:
@@ -503,7 +415,7 @@ class Conversation:
 
     def _plan(self, prompt: Prompt) -> _Plan:
         """Reconcile the caches with ``prompt``, score and select what the target must hold."""
-        backend: Any = self.pipeline.backend
+        backend = self._backend
         if self.state is None:
             self.state = backend.new_state()
         state = self.state
@@ -512,34 +424,23 @@ class Conversation:
         common = min(_common_prefix(self._state_ids, prompt.token_ids), prompt.n - 1)
         evicted = backend.evict_positions(state, [p for p in state.cached_positions() if p >= common])
         cached = set(state.cached_positions())
-        selector = self.pipeline.selector
         n = prompt.n
-        scored_prompt = prompt if self.strategy == "refresh" else _suffix(prompt, common)
+        # ``incremental`` selects among the new tokens only; ``refresh`` among all of them again.
         offset = 0 if self.strategy == "refresh" else common
-        t0 = time.perf_counter()
-        decided = selector.decide_without_scores(scored_prompt)
-        score_ms = 0.0
         draft_tokens = 0
-        fallback: str | None = None
-        scores: TokenScores | None = None
-        if decided is None:
+
+        def score(_: list[int]) -> list[TokenScores]:
+            nonlocal draft_tokens
             try:
                 scores, draft_tokens = self._score(prompt)
-            except Exception as exc:
-                if not self.pipeline.fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
-                    raise
-                fallback = f"scorer_error: {type(exc).__name__}: {exc}"
-                logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
+            except Exception:
                 self._draft_failed()
-            score_ms = _ms(t0)
+                raise
+            return [scores if offset == 0 else TokenScores(scores.values[offset:], scores.scorer, scores.info)]
+
+        (comp,) = self.pipeline.compress_step([prompt.take(range(offset, n)) if offset else prompt], score=score)
         t1 = time.perf_counter()
-        if decided is not None:
-            chosen = decided
-        elif scores is None:
-            chosen = Selection.keep_all(scored_prompt.n, reason="fallback")
-        else:
-            part = scores if offset == 0 else TokenScores(scores.values[offset:], scores.scorer, scores.info)
-            chosen = selector.select(scored_prompt, part)
+        chosen = comp.selection
         selected = {offset + i for i in chosen.indices}
         protected = {offset + i for i, p in zip(chosen.indices, chosen.protected, strict=True) if p}
         if self.strategy == "refresh":
@@ -567,7 +468,8 @@ class Conversation:
             reason=f"{self.strategy}: {chosen.reason}" if chosen.reason else self.strategy,
         )
         compressed = CompressedPrompt.from_selection(prompt, selection)
-        return _Plan(compressed, score_ms, _ms(t1), draft_tokens, evicted, fallback)
+        select_ms = comp.select_ms + elapsed_ms(t1)
+        return _Plan(Compression(compressed, comp.score_ms, select_ms, comp.fallback), draft_tokens, evicted)
 
     def _score(self, prompt: Prompt) -> tuple[TokenScores, int]:
         if self._draft is not None:
@@ -578,20 +480,3 @@ class Conversation:
     def _draft_failed(self) -> None:
         if self._draft is not None:
             self._draft.reset()
-
-
-def _suffix(prompt: Prompt, start: int) -> Prompt:
-    """The tokens of ``prompt`` from ``start`` on, as a prompt of their own (offsets into the same text)."""
-    if start <= 0:
-        return prompt
-    return Prompt(
-        token_ids=prompt.token_ids[start:],
-        text=prompt.text,
-        roles=prompt.roles[start:],
-        message_index=prompt.message_index[start:],
-        offsets=prompt.offsets[start:],
-        special=prompt.special[start:],
-        protected=prompt.protected[start:],
-        generation_start=max(prompt.generation_start - start, 0),
-        messages=prompt.messages,
-    )

@@ -1,5 +1,8 @@
 """`Pipeline(scorer, selector, backend)`: chain the three stages; own nothing else.
 
+`compress_prompts` is the compress step (score -> fallback -> select) that every driver calls
+(conversations, text mode, the evaluation harness); spans and metrics are `specprefill_sdk.tracing`'s.
+
 Example::
 
     from specprefill_sdk import Pipeline
@@ -12,64 +15,96 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import threading
 import time
-import urllib.parse
-from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
-from opentelemetry.trace import SpanKind
 
 from ._aio import chunks_in_threads
+from ._timing import elapsed_ms
 from .errors import ContextTooLongError, InvalidRequestError
 from .interfaces import Backend, Scorer, Selector
 from .prompt import PromptInput, build_prompt
-from .tracing import Telemetry, error_type, mark_cancelled, record_error, set_attributes
-from .types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, Timings
+from .tracing import Finish, StageTrace, Telemetry, draft_name
+from .types import (
+    Completion,
+    CompletionChunk,
+    CompressedPrompt,
+    Compression,
+    Prompt,
+    SamplingParams,
+    Selection,
+    TokenScores,
+)
 
 if TYPE_CHECKING:
     from .conversation import Conversation
 
-__all__ = ["Compression", "Pipeline"]
+__all__ = ["Compression", "Pipeline", "compress_prompts"]
 
 logger = logging.getLogger(__name__)
 
 
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
+def compress_prompts(
+    prompts: Sequence[Prompt],
+    scorer: Scorer,
+    selector: Selector,
+    *,
+    trace: StageTrace | None = None,
+    fallback_on_scorer_error: bool = True,
+    batch: bool = False,
+    score: Callable[[list[int]], Sequence[TokenScores]] | None = None,
+) -> list[Compression]:
+    """Score -> fallback -> select, for each prompt: the compress step of every driver.
 
-
-def _metric_attributes(attributes: dict[str, Any]) -> dict[str, Any]:
-    # Metric attributes stay low-cardinality: the GenAI dimensions of the inference span only.
-    return {k: attributes[k] for k in _METRIC_KEYS if attributes.get(k) is not None}
-
-
-_METRIC_KEYS = (
-    "gen_ai.operation.name",
-    "gen_ai.provider.name",
-    "gen_ai.request.model",
-    "server.address",
-    "server.port",
-)
-_DONE = object()
-
-
-@dataclass(frozen=True)
-class Compression:
-    """A compressed prompt with how it was obtained: stage times and a fallback reason, if any."""
-
-    compressed: CompressedPrompt
-    score_ms: float
-    select_ms: float
+    A selector that decides without scores skips the scorer; the others are scored in one call
+    (``score_batch`` if ``batch``, else ``score`` each). A scorer error other than `InvalidRequestError`
+    makes them dense, the reason in `Compression.fallback`, unless ``fallback_on_scorer_error`` is False.
+    ``score(indices)`` replaces the scorer's call for drivers that score another prompt than the one they
+    select from (a conversation's draft session, a document read with its query); ``scorer`` names it.
+    """
+    trace = trace or StageTrace.off()
+    decided = [selector.decide_without_scores(p) for p in prompts]
+    todo = [i for i, d in enumerate(decided) if d is None]
+    scores: dict[int, TokenScores] = {}
+    score_ms = 0.0
     fallback: str | None = None
-
-    @property
-    def selection(self) -> Selection:
-        assert self.compressed.selection is not None
-        return self.compressed.selection
+    if todo:
+        t0 = time.perf_counter()
+        need = [prompts[i] for i in todo]
+        with trace.score_span(scorer, need, batch=batch) as span:
+            try:
+                if score is not None:
+                    values = list(score(todo))
+                else:
+                    values = scorer.score_batch(need) if batch else [scorer.score(p) for p in need]
+                scores = dict(zip(todo, values, strict=True))
+            except Exception as exc:
+                if not fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
+                    raise
+                fallback = f"scorer_error: {type(exc).__name__}: {exc}"
+                logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
+                trace.scorer_failed(span, exc, fallback, len(todo))
+        score_ms = elapsed_ms(t0)
+        trace.scored(scorer, score_ms)
+        score_ms /= len(todo)
+    out = []
+    for i, prompt in enumerate(prompts):
+        t0 = time.perf_counter()
+        with trace.select_span(selector) as span:
+            selection = decided[i]
+            if selection is None:
+                s = scores.get(i)
+                selection = Selection.keep_all(prompt.n, reason="fallback") if s is None else selector.select(prompt, s)
+            trace.selected(span, selection)
+        used = decided[i] is None
+        compressed = CompressedPrompt.from_selection(prompt, selection)
+        out.append(Compression(compressed, score_ms if used else 0.0, elapsed_ms(t0), fallback if used else None))
+    return out
 
 
 class Pipeline:
@@ -77,7 +112,7 @@ class Pipeline:
 
     A selector that decides without scores (keep rate 1.0, a dense decision for short prompts)
     skips the scorer. A scorer that fails makes the pipeline fall back to dense prefill; the
-    `Completion` says so in ``fallback``.
+    `Completion` says so in ``fallback``. The scorer serializes its own use of its draft model.
     """
 
     def __init__(
@@ -95,10 +130,12 @@ class Pipeline:
         self.backend = backend
         self.fallback_on_scorer_error = fallback_on_scorer_error
         self.telemetry = Telemetry(tracer_provider, meter_provider)
-        # A scorer holds one draft model; serialize its use across threads (server, async callers).
-        self._score_lock = threading.Lock()
 
-    # ----------------------------------------------------------------- construction helpers
+    @property
+    def trace(self) -> StageTrace:
+        """The spans and metrics of this pipeline's stages."""
+        return StageTrace(self.telemetry, self.backend)
+
     @classmethod
     def from_policy(cls, policy: str = "paper", **kwargs: Any) -> Pipeline:
         """Build a pipeline from a named policy preset (see `specprefill_sdk.policies.load_pipeline`)."""
@@ -114,7 +151,8 @@ class Pipeline:
 
     @property
     def draft_name(self) -> str | None:
-        return getattr(self.scorer, "model_name", None)
+        """The scorer's draft model, when it runs one."""
+        return draft_name(self.scorer)
 
     # ----------------------------------------------------------------- stages
     def prompt(self, prompt: PromptInput | Prompt, *, protected_spans: Sequence[tuple[int, int]] = ()) -> Prompt:
@@ -126,83 +164,27 @@ class Pipeline:
         return build_prompt(self.backend.tokenizer, prompt, protected_spans=protected_spans)
 
     def _check_length(self, prompt: Prompt, params: SamplingParams | None) -> None:
+        """Raise `ContextTooLongError` when ``prompt`` plus ``max_tokens`` exceeds the target's context."""
         limit = self.backend.max_context
         need = prompt.n + (params.max_tokens if params else 0)
         if prompt.n >= limit or need > limit:
-            raise ContextTooLongError(
-                f"the prompt has {prompt.n} tokens"
-                + (f" and asks for {params.max_tokens} more" if params else "")
-                + f": that exceeds the model's context of {limit} tokens",
-                param="messages",
-            )
+            more = f" and asks for {params.max_tokens} more" if params else ""
+            message = f"the prompt has {prompt.n} tokens{more}: that exceeds the model's context of {limit} tokens"
+            raise ContextTooLongError(message, param="messages")
 
-    def _compress(self, prompt: Prompt) -> Compression:
-        tel = self.telemetry
-        t0 = time.perf_counter()
-        decided = self.selector.decide_without_scores(prompt)
-        if decided is not None:
-            select_ms = _ms(t0)
-            with tel.span("specprefill.select", {"specprefill.selector": self.selector.name}) as span:
-                self._select_attributes(span, decided)
-            return Compression(CompressedPrompt.from_selection(prompt, decided), 0.0, select_ms)
-        fallback: str | None = None
-        t0 = time.perf_counter()
-        with tel.span(
-            "specprefill.score",
-            {
-                "specprefill.scorer": self.scorer.name,
-                "specprefill.draft.model": self.draft_name,
-                "specprefill.prompt_tokens": prompt.n,
-                "specprefill.look_ahead": getattr(self.scorer, "look_ahead", None),
-            },
-        ) as span:
-            try:
-                with self._score_lock:
-                    scores = self.scorer.score(prompt)
-            except Exception as exc:
-                if not self.fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
-                    raise
-                fallback = f"scorer_error: {type(exc).__name__}: {exc}"
-                logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
-                span.add_event(
-                    "specprefill.fallback", {"specprefill.fallback.reason": fallback, "error.type": error_type(exc)}
-                )
-                tel.fallbacks.add(1, self._fallback_metric_attributes("scorer_error"))
-                scores = None
-        score_ms = _ms(t0)
-        tel.score_time.record(score_ms, self._score_metric_attributes())
-        t0 = time.perf_counter()
-        with tel.span("specprefill.select", {"specprefill.selector": self.selector.name}) as span:
-            if scores is None:
-                selection = Selection.keep_all(prompt.n, reason="fallback")
-            else:
-                selection = self.selector.select(prompt, scores)
-            self._select_attributes(span, selection)
-        return Compression(CompressedPrompt.from_selection(prompt, selection), score_ms, _ms(t0), fallback)
-
-    def _score_metric_attributes(self) -> dict[str, Any]:
-        return {
-            k: v
-            for k, v in (("specprefill.scorer", self.scorer.name), ("specprefill.draft.model", self.draft_name))
-            if v is not None
-        }
-
-    def _fallback_metric_attributes(self, reason: str) -> dict[str, Any]:
-        return {"specprefill.fallback.reason": reason, "gen_ai.request.model": self.backend.model_name}
-
-    @staticmethod
-    def _select_attributes(span: Any, selection: Selection) -> None:
-        set_attributes(
-            span,
-            {
-                "specprefill.keep_rate.requested": selection.requested_rate,
-                "specprefill.keep_rate.actual": selection.keep_ratio,
-                "specprefill.kept_tokens": selection.kept,
-                "specprefill.protected_tokens": selection.protected_count,
-                "specprefill.prompt_tokens": selection.n,
-                "specprefill.dense": selection.dense,
-                "specprefill.reason": selection.reason or None,
-            },
+    def compress_step(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        selector: Selector | None = None,
+        batch: bool = False,
+        score: Callable[[list[int]], Sequence[TokenScores]] | None = None,
+    ) -> list[Compression]:
+        """`compress_prompts` with this pipeline's scorer, selector (or ``selector``), fallback and traces."""
+        select = self.selector if selector is None else selector
+        fallback = self.fallback_on_scorer_error
+        return compress_prompts(
+            prompts, self.scorer, select, trace=self.trace, fallback_on_scorer_error=fallback, batch=batch, score=score
         )
 
     def compress(self, prompt: PromptInput | Prompt) -> CompressedPrompt:
@@ -210,124 +192,26 @@ class Pipeline:
         p = self.prompt(prompt)
         self._check_length(p, None)
         with self.telemetry.span("specprefill.pipeline", {"specprefill.operation": "compress"}):
-            return self._compress(p).compressed
+            return self.compress_step([p])[0].compressed
+
+    def finish(self, t0: float, result: Completion, comp: Compression, backend_start: float) -> Completion:
+        """The backend's `Completion` with the whole call's timings, draft, fallback and selection."""
+        ttft = (backend_start - t0) * 1000.0 + result.timings.ttft
+        timings = replace(result.timings, score=comp.score_ms, select=comp.select_ms, ttft=ttft, total=elapsed_ms(t0))
+        draft = self.draft_name if comp.score_ms > 0 or comp.fallback else result.draft
+        fallback = comp.fallback or result.fallback
+        return replace(result, timings=timings, draft=draft, fallback=fallback, selection=comp.compressed.selection)
 
     # ----------------------------------------------------------------- generation
-    def _params(self, params: SamplingParams | None, kwargs: dict[str, Any]) -> SamplingParams:
-        if params is not None and kwargs:
-            raise InvalidRequestError("pass either a SamplingParams or keyword arguments, not both")
-        if params is not None:
-            return params
-        try:
-            return SamplingParams(**kwargs)
-        except TypeError as exc:
-            raise InvalidRequestError(str(exc)) from exc
-
-    def _operation(self, prompt: Prompt) -> str:
-        return "chat" if prompt.messages is not None else "text_completion"
-
-    def _server_attributes(self) -> dict[str, Any]:
-        base_url = getattr(self.backend, "base_url", None)
-        if not base_url:
-            return {}
-        url = urllib.parse.urlsplit(str(base_url))
-        try:
-            port = url.port or {"http": 80, "https": 443}.get(url.scheme)
-        except ValueError:
-            port = None
-        return {"server.address": url.hostname, "server.port": port}
-
-    def _inference_attributes(
-        self,
-        operation: str,
-        params: SamplingParams,
-        input_tokens: int,
-        *,
-        stream: bool,
-        conversation_id: str | None = None,
-    ) -> dict[str, Any]:
-        return {
-            "gen_ai.operation.name": operation,
-            "gen_ai.provider.name": getattr(self.backend, "provider_name", "specprefill"),
-            "gen_ai.request.model": self.backend.model_name,
-            "gen_ai.conversation.id": conversation_id,
-            "gen_ai.request.max_tokens": params.max_tokens,
-            "gen_ai.request.temperature": params.temperature,
-            "gen_ai.request.top_p": params.top_p,
-            "gen_ai.request.seed": params.seed,
-            "gen_ai.request.stop_sequences": params.stop or None,
-            "gen_ai.request.stream": stream,
-            "gen_ai.usage.input_tokens": input_tokens,
-            **self._server_attributes(),
-        }
-
-    def _finish(
-        self, result: Completion, comp: Compression, t0: float, backend_start: float, metric_attributes: dict[str, Any]
-    ) -> Completion:
-        total = _ms(t0)
-        ttft = (backend_start - t0) * 1000.0 + result.timings.ttft
-        sel = comp.compressed.selection
-        completion = replace(
-            result,
-            timings=Timings(
-                score=comp.score_ms, select=comp.select_ms, prefill=result.timings.prefill, ttft=ttft, total=total
-            ),
-            draft=self.draft_name if comp.score_ms > 0 or comp.fallback else result.draft,
-            fallback=comp.fallback or result.fallback,
-            selection=sel,
-        )
-        tel = self.telemetry
-        model = {"gen_ai.request.model": self.backend.model_name}
-        tel.ttft.record(ttft, model)
-        tel.keep_ratio.record(completion.usage.keep_ratio, model)
-        tel.prompt_tokens.add(completion.usage.prompt_tokens, model)
-        tel.kept_tokens.add(completion.usage.kept_tokens, model)
-        if result.fallback and not comp.fallback:
-            tel.fallbacks.add(1, self._fallback_metric_attributes("backend"))
-        response = (
-            {**metric_attributes, "gen_ai.response.model": completion.model} if completion.model else metric_attributes
-        )
-        usage = completion.usage
-        tel.token_usage.record(usage.kept_tokens, {**response, "gen_ai.token.type": "input"})
-        tel.token_usage.record(usage.completion_tokens, {**response, "gen_ai.token.type": "output"})
-        return completion
-
-    def _record_inference(self, span: Any, completion: Completion, first_chunk_s: float | None) -> None:
-        set_attributes(
-            span,
-            {
-                "gen_ai.response.model": completion.model or None,
-                "gen_ai.usage.output_tokens": completion.usage.completion_tokens,
-                "gen_ai.response.finish_reasons": (completion.finish_reason,),
-                "gen_ai.response.time_to_first_chunk": first_chunk_s,
-            },
-        )
-        if completion.fallback and span.is_recording():
-            span.add_event("specprefill.fallback", {"specprefill.fallback.reason": completion.fallback})
-
-    @staticmethod
-    def _record_root(root: Any, completion: Completion) -> None:
-        set_attributes(
-            root,
-            {
-                "specprefill.kept_tokens": completion.usage.kept_tokens,
-                "specprefill.keep_ratio": completion.usage.keep_ratio,
-                "specprefill.ttft_ms": completion.timings.ttft,
-            },
-        )
-
-    def _record_duration(
-        self, start: float, metric_attributes: dict[str, Any], exc: BaseException | None = None
-    ) -> None:
-        attributes = metric_attributes if exc is None else {**metric_attributes, "error.type": error_type(exc)}
-        self.telemetry.operation_duration.record(time.perf_counter() - start, attributes)
-
-    def _root_attributes(self, prompt: Prompt, conversation_id: str | None) -> dict[str, Any]:
-        return {
-            "specprefill.prompt_tokens": prompt.n,
-            "gen_ai.conversation.id": conversation_id,
-            "gen_ai.request.model": self.backend.model_name,
-        }
+    def _start(
+        self, prompt: PromptInput | Prompt, params: SamplingParams | None, sampling: dict[str, Any]
+    ) -> tuple[SamplingParams, Prompt, Callable[[], Compression], Finish]:
+        """A call's parameters and prompt, checked, with its compress step and how to finish its result."""
+        t0 = time.perf_counter()
+        sp = SamplingParams.from_call(params, sampling)
+        p = self.prompt(prompt)
+        self._check_length(p, sp)
+        return sp, p, lambda: self.compress_step([p])[0], functools.partial(self.finish, t0)
 
     def generate(
         self,
@@ -343,32 +227,8 @@ class Pipeline:
             InvalidRequestError: bad prompt or sampling parameters.
             ContextTooLongError: the prompt plus ``max_tokens`` exceeds the target's context.
         """
-        t0 = time.perf_counter()
-        sp = self._params(params, sampling)
-        p = self.prompt(prompt)
-        self._check_length(p, sp)
-        tel = self.telemetry
-        with tel.span("specprefill.pipeline", self._root_attributes(p, conversation_id)) as root:
-            comp = self._compress(p)
-            if comp.fallback:
-                root.add_event("specprefill.fallback", {"specprefill.fallback.reason": comp.fallback})
-            op = self._operation(p)
-            attrs = self._inference_attributes(
-                op, sp, comp.compressed.kept, stream=False, conversation_id=conversation_id
-            )
-            mattrs = _metric_attributes(attrs)
-            with tel.span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT) as span:
-                backend_start = time.perf_counter()
-                try:
-                    result = self.backend.generate(comp.compressed, sp)
-                except BaseException as exc:
-                    self._record_duration(backend_start, mattrs, exc)
-                    raise
-                self._record_duration(backend_start, mattrs)
-                completion = self._finish(result, comp, t0, backend_start, mattrs)
-                self._record_inference(span, completion, result.timings.ttft / 1000.0)
-            self._record_root(root, completion)
-            return completion
+        sp, p, compress, finish = self._start(prompt, params, sampling)
+        return self.trace.generate(p, sp, conversation_id, compress, self.backend.generate, finish)
 
     def stream(
         self,
@@ -382,80 +242,10 @@ class Pipeline:
 
         Closing the iterator early stops the generation.
         """
-        t0 = time.perf_counter()
-        sp = self._params(params, sampling)
-        p = self.prompt(prompt)
-        self._check_length(p, sp)
+        sp, p, compress, finish = self._start(prompt, params, sampling)
         # The spans' parent is the caller's context now, not whatever is current at the first next().
-        return self._stream(p, sp, t0, conversation_id, otel_context.get_current())
-
-    def _stream(
-        self, p: Prompt, sp: SamplingParams, t0: float, conversation_id: str | None, parent: otel_context.Context
-    ) -> Iterator[CompletionChunk]:
-        # The spans are attached to the context only around our own work, never across a yield:
-        # a span left current while the consumer runs would parent the consumer's spans, and an
-        # async consumer resumes this generator in other contexts, where the detach would fail.
-        tel = self.telemetry
-        root = tel.start_span("specprefill.pipeline", self._root_attributes(p, conversation_id), context=parent)
-        span = None
-        chunks: Iterator[CompletionChunk] | None = None
-        failed: BaseException | None = None
-        try:
-            with tel.activate(root):
-                comp = self._compress(p)
-                if comp.fallback:
-                    root.add_event("specprefill.fallback", {"specprefill.fallback.reason": comp.fallback})
-                op = self._operation(p)
-                attrs = self._inference_attributes(
-                    op, sp, comp.compressed.kept, stream=True, conversation_id=conversation_id
-                )
-                mattrs = _metric_attributes(attrs)
-                span = tel.start_span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT)
-            backend_start = time.perf_counter()
-            first_chunk_s: float | None = None
-            with tel.activate(span):
-                chunks = iter(self.backend.stream(comp.compressed, sp))
-            while True:
-                with tel.activate(span):
-                    chunk = next(chunks, _DONE)
-                if chunk is _DONE:
-                    break
-                assert isinstance(chunk, CompletionChunk)
-                if first_chunk_s is None and (chunk.text or chunk.token_ids):
-                    first_chunk_s = time.perf_counter() - backend_start
-                    span.add_event("gen_ai.first_chunk")
-                    tel.time_to_first_chunk.record(first_chunk_s, mattrs)
-                if chunk.completion is not None:
-                    self._record_duration(backend_start, mattrs)
-                    completion = self._finish(chunk.completion, comp, t0, backend_start, mattrs)
-                    self._record_inference(span, completion, first_chunk_s)
-                    self._record_root(root, completion)
-                    chunk = replace(chunk, completion=completion)
-                yield chunk
-        except GeneratorExit:
-            for s in (span, root):
-                if s is not None:
-                    mark_cancelled(s)
-            raise
-        except BaseException as exc:
-            failed = exc
-            if span is not None:
-                self._record_duration(backend_start, mattrs, exc)
-                record_error(span, exc)
-            record_error(root, exc)
-            raise
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                try:
-                    with tel.activate(span or root):
-                        close()
-                except Exception:
-                    if failed is None:
-                        raise
-            if span is not None:
-                span.end()
-            root.end()
+        parent = otel_context.get_current()
+        return self.trace.stream(p, sp, conversation_id, compress, self.backend.stream, finish, parent=parent)
 
     async def agenerate(
         self,
@@ -497,88 +287,10 @@ class Pipeline:
         if not prompts:
             return []
         t0 = time.perf_counter()
-        sp = self._params(params, sampling)
+        sp = SamplingParams.from_call(params, sampling)
         built = [self.prompt(p) for p in prompts]
         for p in built:
             self._check_length(p, sp)
-        tel = self.telemetry
-        with tel.span(
-            "specprefill.pipeline",
-            {
-                "specprefill.batch_size": len(built),
-                "specprefill.prompt_tokens": sum(p.n for p in built),
-                "gen_ai.request.model": self.backend.model_name,
-            },
-        ) as root:
-            decided = [self.selector.decide_without_scores(p) for p in built]
-            todo = [i for i, d in enumerate(decided) if d is None]
-            comps: list[Compression | None] = [
-                None if d is None else Compression(CompressedPrompt.from_selection(p, d), 0.0, 0.0)
-                for p, d in zip(built, decided, strict=True)
-            ]
-            if todo:
-                ts = time.perf_counter()
-                fallback = None
-                with tel.span(
-                    "specprefill.score",
-                    {
-                        "specprefill.scorer": self.scorer.name,
-                        "specprefill.draft.model": self.draft_name,
-                        "specprefill.batch_size": len(todo),
-                        "specprefill.prompt_tokens": sum(built[i].n for i in todo),
-                        "specprefill.look_ahead": getattr(self.scorer, "look_ahead", None),
-                    },
-                ) as span:
-                    try:
-                        with self._score_lock:
-                            all_scores: list[Any] = self.scorer.score_batch([built[i] for i in todo])
-                    except Exception as exc:
-                        if not self.fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
-                            raise
-                        fallback = f"scorer_error: {type(exc).__name__}: {exc}"
-                        logger.warning("scorer failed, falling back to dense prefill: %s", fallback)
-                        span.add_event(
-                            "specprefill.fallback",
-                            {"specprefill.fallback.reason": fallback, "error.type": error_type(exc)},
-                        )
-                        root.add_event("specprefill.fallback", {"specprefill.fallback.reason": fallback})
-                        tel.fallbacks.add(len(todo), self._fallback_metric_attributes("scorer_error"))
-                        all_scores = [None] * len(todo)
-                tel.score_time.record(_ms(ts), self._score_metric_attributes())
-                score_ms = _ms(ts) / len(todo)
-                for i, scores in zip(todo, all_scores, strict=True):
-                    ts = time.perf_counter()
-                    with tel.span("specprefill.select", {"specprefill.selector": self.selector.name}) as span:
-                        sel = (
-                            Selection.keep_all(built[i].n, reason="fallback")
-                            if scores is None
-                            else self.selector.select(built[i], scores)
-                        )
-                        self._select_attributes(span, sel)
-                    comps[i] = Compression(CompressedPrompt.from_selection(built[i], sel), score_ms, _ms(ts), fallback)
-            ready = [c for c in comps if c is not None]
-            ops = {self._operation(p) for p in built}
-            op = ops.pop() if len(ops) == 1 else "chat"
-            attrs = self._inference_attributes(op, sp, sum(c.compressed.kept for c in ready), stream=False)
-            mattrs = _metric_attributes(attrs)
-            with tel.span(f"{op} {self.backend.model_name}", attrs, kind=SpanKind.CLIENT) as span:
-                backend_start = time.perf_counter()
-                try:
-                    results = self.backend.generate_batch([c.compressed for c in ready], sp)
-                except BaseException as exc:
-                    self._record_duration(backend_start, mattrs, exc)
-                    raise
-                self._record_duration(backend_start, mattrs)
-                completions = [
-                    self._finish(r, c, t0, backend_start, mattrs) for r, c in zip(results, ready, strict=True)
-                ]
-                set_attributes(
-                    span,
-                    {
-                        "gen_ai.response.model": completions[0].model or None,
-                        "gen_ai.usage.output_tokens": sum(c.usage.completion_tokens for c in completions),
-                        "gen_ai.response.finish_reasons": tuple(c.finish_reason for c in completions),
-                    },
-                )
-            set_attributes(root, {"specprefill.kept_tokens": sum(c.usage.kept_tokens for c in completions)})
-            return completions
+        compress = functools.partial(self.compress_step, built, batch=True)
+        finish = functools.partial(self.finish, t0)
+        return self.trace.generate_batch(built, sp, compress, self.backend.generate_batch, finish)

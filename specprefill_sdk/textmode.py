@@ -20,15 +20,15 @@ Example::
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import ContextTooLongError, InvalidRequestError
 from .prompt import normalize_messages
-from .types import TEMPLATE_ROLE, TEXT_ROLE, CompressedPrompt, Message, Prompt, Selection, TokenScores
+from .rendering import content_tokens, render_kept, render_tokens
+from .types import CompressedPrompt, Message, Prompt, TokenScores
 
 if TYPE_CHECKING:
     from .interfaces import Selector
@@ -106,88 +106,6 @@ class CompressedMessages:
         return [m.to_dict() for m in self.messages]
 
 
-# ----------------------------------------------------------------------------- rendering
-def _covers(prompt: Prompt, indices: Sequence[int], start: int, end: int) -> list[tuple[int, int]]:
-    """The character range each token stands for inside ``[start, end)``: together they tile it.
-
-    A token covers from its own start to the next token's start, so the whitespace between tokens
-    goes with the token before it, and the first token also takes any leading characters.
-    """
-    starts = [min(max(prompt.offsets[t][0], start), end) for t in indices]
-    if starts:
-        starts[0] = start
-    covers = []
-    for j, a in enumerate(starts):
-        b = starts[j + 1] if j + 1 < len(starts) else end
-        covers.append((a, max(a, b)))
-    return covers
-
-
-def render_kept(
-    text: str, covers: Sequence[tuple[int, int]], kept: Sequence[bool], gap: str = " "
-) -> tuple[str, tuple[tuple[int, int], ...]]:
-    """Join the character ranges of kept tokens, with ``gap`` where something was dropped.
-
-    A whitespace-only ``gap`` is added only where neither side already has whitespace (words do not
-    run together); any other ``gap`` (e.g. ``" … "``) marks every cut and replaces the whitespace
-    around it.
-
-    Returns:
-        the rendered text and the kept character spans (merged runs), relative to ``text``.
-    """
-    runs: list[tuple[int, int]] = []
-    for (a, b), keep in zip(covers, kept, strict=True):
-        if not keep or b <= a:
-            continue
-        if runs and runs[-1][1] == a:
-            runs[-1] = (runs[-1][0], b)
-        else:
-            runs.append((a, b))
-    marker = bool(gap.strip())
-    pieces: list[str] = []
-    for a, b in runs:  # consecutive runs always have dropped text between them
-        piece = text[a:b]
-        if pieces and marker:
-            pieces[-1] = pieces[-1].rstrip()
-            piece = piece.lstrip()
-            pieces.append(gap)
-        elif pieces and gap and not (pieces[-1][-1:].isspace() or piece[:1].isspace()):
-            pieces.append(gap)
-        pieces.append(piece)
-    return "".join(pieces), tuple(runs)
-
-
-def _text_prompt(prompt: Prompt, indices: Sequence[int]) -> Prompt:
-    """The tokens ``indices`` of ``prompt`` as a plain-text prompt: what a selector sees of a document.
-
-    Roles become ``text`` and there is no generation prompt, so chat protections (last user turn,
-    roles) do not keep a whole document by accident; offsets still point into ``prompt.text``.
-    """
-    m = len(indices)
-    return Prompt(
-        token_ids=tuple(prompt.token_ids[t] for t in indices),
-        text=prompt.text,
-        roles=(TEXT_ROLE,) * m,
-        message_index=(0,) * m,
-        offsets=tuple(prompt.offsets[t] for t in indices),
-        special=tuple(prompt.special[t] for t in indices),
-        protected=tuple(prompt.protected[t] for t in indices),
-        generation_start=m,
-        messages=None,
-    )
-
-
-@contextlib.contextmanager
-def _score_lock(pipeline: Pipeline) -> Iterator[None]:
-    # The pipeline serializes use of its draft model across threads; join that lock when it has one.
-    lock = getattr(pipeline, "_score_lock", None)
-    if lock is None:
-        yield
-    else:
-        with lock:
-            yield
-
-
 # ----------------------------------------------------------------------------- messages
 def compress_messages(
     pipeline: Pipeline,
@@ -222,7 +140,7 @@ def compress_messages(
     out: list[Message] = []
     parts: list[CompressedText | None] = []
     for i, message in enumerate(msgs):
-        idx = [t for t in range(prompt.n) if prompt.message_index[t] == i and prompt.roles[t] != TEMPLATE_ROLE]
+        idx = content_tokens(prompt, i)
         if not idx:
             out.append(message)
             parts.append(None)
@@ -233,7 +151,7 @@ def compress_messages(
             out.append(message)
             parts.append(CompressedText.unchanged(message.content, len(idx)))
             continue
-        text, runs = render_kept(prompt.text, _covers(prompt, idx, start, end), keep, gap)
+        text, runs = render_tokens(prompt, idx, keep, gap, region=(start, end))
         out.append(Message(role=message.role, content=text))
         parts.append(
             CompressedText(
@@ -288,35 +206,13 @@ def _locate(pipeline: Pipeline, documents: Sequence[str], query: str) -> _Locate
     return _Located(prompt, regions)
 
 
-def _select(selector: Selector, sub: Prompt, values: Any, scorer_name: str) -> Selection:
-    if values is None:
-        return Selection.keep_all(sub.n, reason="fallback")
-    return selector.select(sub, TokenScores(values, scorer=scorer_name))
-
-
-def _score(pipeline: Pipeline, prompts: Sequence[Prompt]) -> tuple[list[Any], str | None]:
-    """Draft scores of ``prompts`` (one tensor each); on a scorer failure, Nones and the reason."""
-    try:
-        with _score_lock(pipeline):
-            scores = pipeline.scorer.score_batch(list(prompts))
-    except InvalidRequestError:
-        raise
-    except Exception as exc:
-        if not getattr(pipeline, "fallback_on_scorer_error", True):
-            raise
-        reason = f"scorer_error: {type(exc).__name__}: {exc}"
-        logger.warning("scorer failed, keeping the documents whole: %s", reason)
-        return [None] * len(prompts), reason
-    return [s.values for s in scores], None
-
-
 def _render_document(
     prompt: Prompt, doc: str, region: tuple[int, int, list[int]], kept: Sequence[bool], gap: str, fallback: str | None
 ) -> CompressedText:
     start, end, idx = region
     if all(kept):
         return CompressedText.unchanged(doc, len(idx), fallback=fallback)
-    text, runs = render_kept(prompt.text, _covers(prompt, idx, start, end), kept, gap)
+    text, runs = render_tokens(prompt, idx, kept, gap, region=(start, end))
     return CompressedText(
         text=text,
         original=doc,
@@ -375,26 +271,28 @@ def compress_documents(
             raise ContextTooLongError(
                 f"the prompt has {loc.prompt.n} tokens, over the model's context of {limit}{hint}", param="documents"
             )
-    subs = [_text_prompt(loc.prompt, [t for _, _, idx in loc.regions for t in idx]) for loc in located]
-    decided = [select_with.decide_without_scores(sub) for sub in subs]
-    need = [k for k, d in enumerate(decided) if d is None]
-    values: dict[int, Any] = {}
-    fallback: str | None = None
-    if need:
-        scored, fallback = _score(pipeline, [located[k].prompt for k in need])
-        for k, v in zip(need, scored, strict=True):
-            if v is not None:
-                positions = [t for _, _, idx in located[k].regions for t in idx]
-                values[k] = v[positions]
-    scorer_name = getattr(pipeline.scorer, "name", "")
-    for k, (g, loc, sub) in enumerate(zip(groups, located, subs, strict=True)):
-        selection = decided[k] or _select(select_with, sub, values.get(k), scorer_name)
+    # What the selector sees of each prompt: its documents' tokens only, as plain text.
+    regions = [[t for _, _, idx in loc.regions for t in idx] for loc in located]
+    subs = [loc.prompt.take(tokens, as_text=True) for loc, tokens in zip(located, regions, strict=True)]
+    scorer = pipeline.scorer
+
+    def score(need: list[int]) -> list[TokenScores]:
+        # The draft reads each whole prompt (documents and query); the selector gets the documents' scores.
+        scored = scorer.score_batch([located[k].prompt for k in need])
+        return [TokenScores(s.values[regions[k]], scorer=scorer.name) for k, s in zip(need, scored, strict=True)]
+
+    with pipeline.telemetry.span(
+        "specprefill.pipeline", {"specprefill.operation": "compress", "specprefill.batch_size": len(subs)}
+    ):
+        comps = pipeline.compress_step(subs, selector=select_with, batch=True, score=score)
+    for g, loc, comp in zip(groups, located, comps, strict=True):
+        selection = comp.selection
         mask = selection.mask().tolist()
         offset = 0
         for i, region in zip(g, loc.regions, strict=True):
             m = len(region[2])
             kept = mask[offset : offset + m]
             offset += m
-            results[i] = _render_document(loc.prompt, documents[i], region, kept, gap, fallback if k in need else None)
+            results[i] = _render_document(loc.prompt, documents[i], region, kept, gap, comp.fallback)
         logger.debug("compressed %d document(s): %d of %d tokens kept", len(g), selection.kept, selection.n)
     return results

@@ -34,3 +34,51 @@ def test_each_turn_has_a_pipeline_and_an_inference_span(smollm: Any, essay: str,
         assert inf.parent is not None and inf.parent.span_id == root.context.span_id
         assert inf.attributes["gen_ai.usage.output_tokens"] >= 1
         assert 0 < inf.attributes["gen_ai.usage.input_tokens"] <= root.attributes["specprefill.prompt_tokens"]
+
+
+@pytest.mark.parametrize("strategy", ["incremental", "refresh"])
+def test_turns_that_reuse_caches_trace_the_compress_step_and_record_metrics(
+    smollm: Any, essay: str, strategy: str
+) -> None:
+    from test_tracing import Recorder
+
+    from specprefill_sdk import load_pipeline
+
+    rec = Recorder()
+    pipe = load_pipeline(
+        "paper",
+        model=smollm,
+        keep_rate=0.3,
+        tracer_provider=rec.tracer_provider,
+        meter_provider=rec.meter_provider,
+    )
+    conv = pipe.conversation(strategy=strategy)
+    conv.send(essay[:700] + "\n\nWhat is this about?", max_tokens=4)
+    # Long enough that the new turn alone spans several chunks: the incremental turn scores it too.
+    conv.send(essay[700:1400] + "\n\nAnd this?", max_tokens=4)
+
+    spans = rec.spans_out.get_finished_spans()
+    roots = [s for s in spans if s.name == "specprefill.pipeline"]
+    assert len(roots) == 2
+    assert all(t.draft_tokens > 0 for t in conv.turns)
+    for root in roots:
+        assert root.attributes["specprefill.conversation.strategy"] == strategy
+        children = {s.name: s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id}
+        assert {"specprefill.score", "specprefill.select"} <= set(children)
+        score = children["specprefill.score"].attributes
+        assert score["specprefill.scorer"] == "draft-attention"
+        assert score["specprefill.draft.model"] == pipe.draft_name
+        assert score["specprefill.look_ahead"] == 8
+        assert children["specprefill.select"].attributes["specprefill.kept_tokens"] >= 1
+        assert children["specprefill.score"].end_time <= children[f"chat {pipe.backend.model_name}"].start_time
+
+    # The same metrics as single requests.
+    (score_time,) = rec.points("specprefill.score.duration")
+    assert score_time.count == 2
+    (ttft,) = rec.points("specprefill.ttft")
+    assert ttft.count == 2
+    assert sum(p.count for p in rec.points("gen_ai.client.operation.duration")) == 2
+    (kept,) = rec.points("specprefill.kept_tokens")
+    assert kept.value == sum(t.kept_tokens for t in conv.turns)
+    (prompt_tokens,) = rec.points("specprefill.prompt_tokens")
+    assert prompt_tokens.value == sum(t.prompt_tokens for t in conv.turns)

@@ -31,6 +31,7 @@ import torch
 
 from ..errors import InvalidRequestError
 from ..models import LoadedModel, load_model
+from ..pipeline import compress_prompts
 from ..prompt import build_prompt
 from ..types import CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
 from .methods import DEFAULT_METHODS, Method, build_methods, is_method, method_names
@@ -443,11 +444,12 @@ def _select(
     if isinstance(cached, Exception):
         raise cached
     token_scores, score_ms = cached
-    selector = method.selector(rate)
-    t0 = time.perf_counter()
-    decided = selector.decide_without_scores(prompt)
-    selection = decided if decided is not None else selector.select(prompt, token_scores)
-    return selection, score_ms, (time.perf_counter() - t0) * 1000
+    # Scored once per sample for every rate: the compress step selects from these scores, and a scorer
+    # error is the method's error at every rate (no dense fallback in an evaluation).
+    (comp,) = compress_prompts(
+        [prompt], method.scorer, method.selector(rate), fallback_on_scorer_error=False, score=lambda _: [token_scores]
+    )
+    return comp.selection, score_ms, comp.select_ms
 
 
 def _record(
