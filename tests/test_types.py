@@ -131,3 +131,48 @@ def test_every_public_name_resolves() -> None:
 
     for name in specprefill_sdk.__all__:
         assert getattr(specprefill_sdk, name) is not None, name
+
+
+def _chat_prompt() -> Prompt:
+    messages = (Message("system", "Be brief."), Message("user", "Hi there"))
+    return Prompt(
+        token_ids=(1, 2, 3, 4, 5, 6),
+        text="<s>Be brief.Hi there<a>",
+        roles=("template", "system", "system", "user", "user", "template"),
+        message_index=(-1, 0, 0, 1, 1, -1),
+        offsets=((0, 3), (3, 6), (6, 12), (12, 14), (14, 20), (20, 23)),
+        special=(True, False, False, False, False, True),
+        protected=(False, False, True, False, False, False),
+        generation_start=5,
+        messages=messages,
+    )
+
+
+def test_prompt_take_keeps_each_tokens_provenance() -> None:
+    prompt = _chat_prompt()
+    tail = prompt.take(range(2, 6))
+    assert tail.token_ids == (3, 4, 5, 6) and tail.text == prompt.text and tail.messages == prompt.messages
+    assert tail.roles == ("system", "user", "user", "template") and tail.message_index == (0, 1, 1, -1)
+    assert tail.offsets == ((6, 12), (12, 14), (14, 20), (20, 23)) and tail.protected == (True, False, False, False)
+    assert tail.generation_start == 3  # still the generation prompt's first token
+    picked = prompt.take([1, 4])
+    assert picked.token_ids == (2, 5) and picked.generation_start == 2 and picked.special == (False, False)
+
+
+def test_prompt_take_as_text_drops_the_chat_structure() -> None:
+    text = _chat_prompt().take([1, 2, 4], as_text=True)
+    assert text.token_ids == (2, 3, 5) and text.roles == ("text",) * 3 and text.message_index == (0, 0, 0)
+    assert text.generation_start == 3 and text.messages is None and text.protected == (False, True, False)
+
+
+def test_sampling_params_from_a_call_and_as_request_fields() -> None:
+    given = SamplingParams(max_tokens=3)
+    assert SamplingParams.from_call(given, {}) is given
+    assert SamplingParams.from_call(None, {"max_tokens": 5, "stop": "END"}) == SamplingParams(5, stop=("END",))
+    with pytest.raises(InvalidRequestError, match="not both"):
+        SamplingParams.from_call(given, {"max_tokens": 5})
+    with pytest.raises(InvalidRequestError, match="frequency_penalty"):
+        SamplingParams.from_call(None, {"frequency_penalty": 1.0})
+    assert SamplingParams(4).request_fields() == {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0}
+    fields = SamplingParams(4, temperature=0.5, stop=("a",), seed=7).request_fields()
+    assert fields == {"max_tokens": 4, "temperature": 0.5, "top_p": 1.0, "stop": ["a"], "seed": 7}
