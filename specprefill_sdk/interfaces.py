@@ -86,7 +86,7 @@ class DraftModelScorer(ModelScorer, Protocol):
 class IncrementalScorer(DraftModelScorer, Protocol):
     """A draft-attention scorer whose draft can keep its KV cache across conversation turns.
 
-    These are the knobs a `specprefill_sdk.scoring.incremental.DraftSession` scores with, so that a
+    These are the knobs a `specprefill_sdk.scoring.draft_attention.DraftSession` scores with, so that a
     session gives the scores the scorer gives for the whole prompt.
     """
 
