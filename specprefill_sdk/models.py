@@ -25,6 +25,7 @@ import logging
 import os
 import shutil
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -412,3 +413,18 @@ def load_model(
         )
         _loaded[key] = loaded
         return loaded
+
+
+#: one lock per loaded model (its module): every scorer and session that runs the model as a draft
+#: takes it, so scorers that share one copy of the weights take turns with each other
+_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_MODEL_LOCKS_GUARD = threading.Lock()
+
+
+def model_lock(model: Any) -> threading.RLock:
+    """The lock that serializes every run of ``model`` as a draft (re-entrant: a session's call may score)."""
+    with _MODEL_LOCKS_GUARD:
+        lock = _MODEL_LOCKS.get(model)
+        if lock is None:
+            lock = _MODEL_LOCKS[model] = threading.RLock()
+        return lock

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..validation import check_int
 from .attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends
 
 __all__ = ["ExecutionSettings"]
@@ -82,11 +83,7 @@ class ExecutionSettings:
                 raise InvalidRequestError(f"{name} must be True or False, got {value!r}", param=name)
         backends: Sequence[str] | None = self.attention_backends
         object.__setattr__(self, "attention_backends", check_attention_backends(backends))
-        size = self.max_batch_tokens
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise InvalidRequestError(
-                f"max_batch_tokens must be an integer >= 1, got {size!r}", param="max_batch_tokens"
-            )
+        check_int(self.max_batch_tokens, "max_batch_tokens", param="max_batch_tokens", minimum=1)
 
     @classmethod
     def of(cls, execution: Any) -> ExecutionSettings:

@@ -11,15 +11,15 @@ Example::
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from ..errors import InvalidRequestError, SpecPrefillError
-from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model
+from ..errors import SpecPrefillError
+from ..models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, model_lock
 from ..types import Prompt, TokenScores
+from ..validation import check_int
 from ._alignment import check_prompt, project_scores, same_vocabulary, to_draft_tokens
 
 __all__ = ["SelfInformationScorer"]
@@ -33,7 +33,7 @@ class SelfInformationScorer:
     scores are projected by character overlap, as for `DraftAttentionScorer`. ``chunk_size`` bounds the
     logits held at once (``chunk_size x vocabulary`` floats). Prompts are scored one by one: a padded
     batch would not be cheaper for a single forward pass without look-ahead on CPU, and one by one
-    needs no masks. Calls from several threads take turns on the draft (one lock per scorer).
+    needs no masks. Calls from several threads take turns on the draft (`model_lock`).
 
     Example::
 
@@ -51,12 +51,10 @@ class SelfInformationScorer:
         target_tokenizer: Any = None,
         chunk_size: int = 256,
     ) -> None:
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise InvalidRequestError(f"chunk_size must be an integer >= 1, got {chunk_size!r}", param="chunk_size")
-        self.chunk_size = chunk_size
-        self._lock = threading.Lock()
+        self.chunk_size = check_int(chunk_size, "chunk_size", param="chunk_size", minimum=1)
         self.loaded = draft if isinstance(draft, LoadedModel) else load_model(draft, device=device, dtype=dtype)
         model = self.loaded.model
+        self._lock = model_lock(model)
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._cache_arg = cache_argument(model)
         self._same_vocab: bool | None = (

@@ -17,48 +17,30 @@ Example::
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...errors import InvalidRequestError, SpecPrefillError
-from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, text_config
+from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, model_lock, text_config
 from ...runtime.attention import sdpa_context
 from ...runtime.lean import LeanModel
 from ...runtime.norms import install_fused_norms
 from ...runtime.settings import ExecutionSettings
 from ...types import Prompt, TokenScores, int64_tensor
+from ...validation import check_int
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
 from .lookahead import FixedBufferLookAhead, supports_fixed_buffers
 
+if TYPE_CHECKING:
+    from .incremental import DraftSession
+
 __all__ = ["DraftAttentionScorer"]
 
 logger = logging.getLogger(__name__)
-
-
-#: one lock per draft model (its module), shared by every scorer and session that runs it
-_MODEL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
-_MODEL_LOCKS_GUARD = threading.Lock()
-
-
-def model_lock(model: Any) -> threading.RLock:
-    """The lock that serializes every run of ``model`` as a draft (re-entrant: a session's call may score)."""
-    with _MODEL_LOCKS_GUARD:
-        lock = _MODEL_LOCKS.get(model)
-        if lock is None:
-            lock = _MODEL_LOCKS[model] = threading.RLock()
-        return lock
-
-
-def _positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidRequestError(f"{name} must be an integer >= 1, got {value!r}", param=name)
-    return value
 
 
 class DraftAttentionScorer:
@@ -115,8 +97,8 @@ class DraftAttentionScorer:
         layers: int | None = None,
         execution: ExecutionSettings | None = None,
     ) -> None:
-        self.look_ahead = _positive_int(look_ahead, "look_ahead")
-        self.pool_kernel = _positive_int(pool_kernel, "pool_kernel")
+        self.look_ahead = check_int(look_ahead, "look_ahead", param="look_ahead", minimum=1)
+        self.pool_kernel = check_int(pool_kernel, "pool_kernel", param="pool_kernel", minimum=1)
         #: how the draft's passes run
         self.execution = ExecutionSettings.of(execution)
         run = self.execution
@@ -188,6 +170,12 @@ class DraftAttentionScorer:
             f"DraftAttentionScorer(draft={self.model_name!r}, look_ahead={self.look_ahead}, "
             f"pool_kernel={self.pool_kernel}{layers})"
         )
+
+    def new_session(self) -> DraftSession:
+        """A `DraftSession`: this scorer's draft KV cache kept across conversation turns."""
+        from .incremental import DraftSession
+
+        return DraftSession(self)
 
     def with_options(
         self,
