@@ -51,8 +51,8 @@ from .types import (
 )
 
 if TYPE_CHECKING:
+    from .interfaces import ScoringSession
     from .pipeline import Pipeline
-    from .scoring.draft_attention import DraftSession
 
 __all__ = ["STRATEGIES", "Conversation", "Strategy", "TurnStats"]
 
@@ -180,7 +180,7 @@ class Conversation:
         self._limit_cache: int | None = None
         self.turns: list[TurnStats] = []
         self._lock = threading.Lock()
-        self._draft: DraftSession | None = None
+        self._draft: ScoringSession | None = None
         if strategy != "recompute":
             self._draft = self._draft_session()
         self.state: SessionState | None = None
@@ -270,13 +270,9 @@ class Conversation:
             limits.append(max_context)
         return min(limits)
 
-    def _draft_session(self) -> DraftSession | None:
-        if isinstance(self.pipeline.scorer, IncrementalScorer):
-            from .scoring.draft_attention import DraftSession
-
-            # The session reads the knobs `IncrementalScorer` declares.
-            return DraftSession(self.pipeline.scorer)  # type: ignore[arg-type]
-        return None
+    def _draft_session(self) -> ScoringSession | None:
+        scorer = self.pipeline.scorer
+        return scorer.new_session() if isinstance(scorer, IncrementalScorer) else None
 
     def _drop_caches(self) -> None:
         self.state = None

@@ -4,7 +4,8 @@ Each is a `typing.Protocol`: any object with these methods fits, no inheritance 
 them, the side interfaces that some stages offer and drivers use when they are there: a scorer's
 draft model (`ModelScorer`, `LookAheadScorer`, `DraftModelScorer`), a draft that can keep its cache
 across conversation turns (`IncrementalScorer`), a backend that keeps KV state (`SessionBackend`),
-a backend's provider and server address for traces (`ProviderBackend`, `RemoteBackend`).
+a backend's provider and server address for traces (`ProviderBackend`, `RemoteBackend`), a backend
+that runs a loaded model in this process (`LocalBackend`), and a stage's execution settings (`Executed`).
 """
 
 from __future__ import annotations
@@ -16,18 +17,24 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 from .types import Completion, CompletionChunk, CompressedPrompt, Prompt, SamplingParams, Selection, TokenScores
 
 if TYPE_CHECKING:
+    import torch
+
     from .models import LoadedModel
+    from .runtime.settings import ExecutionSettings
 
 __all__ = [
     "Backend",
     "BackendCapabilities",
     "DraftModelScorer",
+    "Executed",
     "IncrementalScorer",
+    "LocalBackend",
     "LookAheadScorer",
     "ModelScorer",
     "ProviderBackend",
     "RemoteBackend",
     "Scorer",
+    "ScoringSession",
     "Selector",
     "SessionBackend",
     "SessionState",
@@ -83,12 +90,33 @@ class DraftModelScorer(ModelScorer, Protocol):
 
 
 @runtime_checkable
+@runtime_checkable
+class ScoringSession(Protocol):
+    """A draft's KV cache kept across conversation turns: each call scores only what is new."""
+
+    #: tokens the last `score` ran through the draft
+    last_prefilled: int
+
+    def score(self, prompt: Prompt) -> TokenScores:
+        """Score ``prompt``, which extends what was scored before (else the cache starts over)."""
+        ...
+
+    def reset(self) -> None:
+        """Drop the cached tokens."""
+        ...
+
+
+@runtime_checkable
 class IncrementalScorer(DraftModelScorer, Protocol):
     """A draft-attention scorer whose draft can keep its KV cache across conversation turns.
 
     These are the knobs a `specprefill_sdk.scoring.draft_attention.DraftSession` scores with, so that a
     session gives the scores the scorer gives for the whole prompt.
     """
+
+    def new_session(self) -> ScoringSession:
+        """A `ScoringSession` over this scorer's draft, with its knobs and its lock."""
+        ...
 
     @property
     def look_ahead(self) -> int:
@@ -244,3 +272,28 @@ class RemoteBackend(Protocol):
     """A backend that talks to a server: traces report its address (``server.address``, ``server.port``)."""
 
     base_url: str
+
+
+@runtime_checkable
+class LocalBackend(Protocol):
+    """A backend that runs a loaded model in this process: its weights can serve as the draft too."""
+
+    @property
+    def loaded(self) -> LoadedModel:
+        """The loaded target (model, tokenizer, device, dtype)."""
+        ...
+
+    @property
+    def device(self) -> torch.device:
+        """Where the target runs."""
+        ...
+
+
+@runtime_checkable
+class Executed(Protocol):
+    """A stage whose forward passes follow an `ExecutionSettings` (kernels, compilation, graphs)."""
+
+    @property
+    def execution(self) -> ExecutionSettings:
+        """How its passes run."""
+        ...

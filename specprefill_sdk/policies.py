@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidRequestError, PolicyError
+from .interfaces import LocalBackend
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -517,7 +518,7 @@ def load_pipeline(
         target = model if isinstance(model, LoadedModel) else load_model(model, device=device, dtype=dtype)
         backend = TransformersBackend(target, execution=execution)
     if scorer is None:
-        target_loaded = getattr(backend, "loaded", None)
+        target_loaded = backend.loaded if isinstance(backend, LocalBackend) else None
         same = draft is None or draft is model or (isinstance(draft, str) and draft == model)
         draft_spec: str | LoadedModel
         if same and isinstance(target_loaded, LoadedModel):

@@ -54,3 +54,16 @@ def test_scorers_declare_their_draft(smollm: Any) -> None:
     assert not isinstance(information, IncrementalScorer) and not isinstance(information, LookAheadScorer)
     recency = RecencyScorer()
     assert isinstance(recency, Scorer) and not isinstance(recency, ModelScorer)
+
+
+def test_an_incremental_scorer_opens_sessions_on_its_own_draft_and_lock(smollm: Any) -> None:
+    from specprefill_sdk.interfaces import ScoringSession
+    from specprefill_sdk.models import model_lock
+    from specprefill_sdk.scoring import DraftAttentionScorer, SelfInformationScorer
+
+    draft = DraftAttentionScorer(smollm, look_ahead=2)
+    session = draft.new_session()
+    assert isinstance(session, ScoringSession)
+    assert session.scorer is draft and draft.lock is model_lock(smollm.model)
+    # A scorer of another kind on the same weights takes turns with it on the same lock.
+    assert SelfInformationScorer(smollm)._lock is draft.lock

@@ -36,9 +36,6 @@ LAYERS: dict[str, str] = {
     # entry points: know the pipeline, never each other's insides
     "__main__": "entry",
     "cli": "entry",
-    "cli_run": "entry",
-    "cli_models": "entry",
-    "cli_policies": "entry",
     "server": "entry",
     "eval": "entry",
     **dict.fromkeys(ADAPTERS, "entry"),
@@ -54,8 +51,6 @@ LAYERS: dict[str, str] = {
     "backends": "stages",
     # fast forward passes shared by the draft scorer and the transformers backend
     "runtime": "runtime",
-    "_lean": "runtime",
-    "_norms": "runtime",
     # the floor
     "interfaces": "floor",
     "prompt": "floor",
@@ -65,7 +60,6 @@ LAYERS: dict[str, str] = {
     "validation": "floor",
     "rendering": "floor",
     "tracing": "floor",
-    "telemetry_setup": "floor",
     "_lazy": "floor",
     "_aio": "floor",
     "_timing": "floor",

@@ -35,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 from .. import __version__
 from ..conversation import STRATEGIES
 from ..errors import InvalidRequestError, SpecPrefillError
-from ..interfaces import Backend, Scorer
+from ..interfaces import Backend, Executed, LocalBackend, Scorer
 from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt
@@ -198,10 +198,8 @@ def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool
     Something compiles when ``compile`` was asked for, or when the given backend or scorer was built
     with ``ExecutionSettings(compile=True)``; it is on a GPU when the backend's device is a CUDA device.
     """
-    compiles = compile or any(
-        bool(getattr(getattr(part, "execution", None), "compile", False)) for part in (backend, scorer)
-    )
-    on_cuda = getattr(getattr(backend, "device", None), "type", None) == "cuda"
+    compiles = compile or any(isinstance(part, Executed) and part.execution.compile for part in (backend, scorer))
+    on_cuda = isinstance(backend, LocalBackend) and backend.device.type == "cuda"
     return DEFAULT_WARMUP_TOKENS if compiles and on_cuda else 0
 
 
@@ -412,6 +410,18 @@ def _completion_prompt(prompt: Any) -> PromptInput | Prompt | None:
     return Prompt.from_token_ids(only)
 
 
+def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+    """The request's sampling fields, as the engine resolves them into `SamplingParams`."""
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    return {
+        "max_tokens": max_tokens,
+        "temperature": body.temperature,
+        "top_p": body.top_p,
+        "stop": tuple(stops),
+        "seed": body.seed,
+    }
+
+
 async def _serve(
     engine: ServingEngine,
     request: Request,
@@ -420,14 +430,7 @@ async def _serve(
     kind: Literal["chat", "text"],
     max_tokens: int | None,
 ) -> Response:
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    sampling = {
-        "max_tokens": max_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "stop": tuple(stops),
-        "seed": body.seed,
-    }
+    sampling = _sampling(body, max_tokens)
     options = body.specprefill
     return_ids = bool(options and options.return_token_ids)
     ctx = RequestContext(request.headers)
@@ -472,14 +475,7 @@ async def _serve_turn(
             "give specprefill.conversation_id to continue a conversation, or conversation_start to begin one",
             "specprefill.conversation_id",
         )
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    sampling = {
-        "max_tokens": max_tokens,
-        "temperature": body.temperature,
-        "top_p": body.top_p,
-        "stop": tuple(stops),
-        "seed": body.seed,
-    }
+    sampling = _sampling(body, max_tokens)
     ctx = RequestContext(request.headers)
     # Claimed on the event loop, before any await: a second request for it sees it busy (409).
     if options.conversation_start:

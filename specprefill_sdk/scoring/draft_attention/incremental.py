@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ...errors import SpecPrefillError
+from ...interfaces import IncrementalScorer
 from ...models import cache_argument
 from ...runtime.norms import fused_norms
 from ...types import Prompt, TokenScores
 from .._alignment import check_prompt, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, LayerStop, ScoreCollector, skipped_layers
-from .scorer import DraftAttentionScorer
+
+if TYPE_CHECKING:
+    from .scorer import DraftAttentionScorer
 
 __all__ = ["DraftSession"]
 
@@ -56,7 +59,7 @@ class DraftSession:
     """
 
     def __init__(self, scorer: DraftAttentionScorer) -> None:
-        if not isinstance(scorer, DraftAttentionScorer):
+        if not isinstance(scorer, IncrementalScorer):
             raise TypeError(f"DraftSession needs a DraftAttentionScorer, got {type(scorer).__name__}")
         self.scorer = scorer
         self.loaded = scorer.loaded
