@@ -66,10 +66,15 @@ def test_execution_must_be_settings_and_is_checked_before_loading() -> None:
 
 @pytest.mark.slow
 def test_scorer_and_backend_expose_the_settings_they_share(smollm) -> None:
-    execution = ExecutionSettings(cuda_graph=False, max_batch_tokens=64)
+    execution = ExecutionSettings(fused_norms=False, lean=False)
     scorer = DraftAttentionScorer(smollm, look_ahead=2, execution=execution)
     backend = TransformersBackend(smollm, execution=execution)
     assert scorer.execution is execution and backend.execution is execution
+    # The scorer-only switches are refused by the backend, never ignored.
+    scorer_only = ExecutionSettings(cuda_graph=False, max_batch_tokens=64)
+    assert DraftAttentionScorer(smollm, look_ahead=2, execution=scorer_only).execution is scorer_only
+    with pytest.raises(InvalidRequestError, match=r"execution\.cuda_graph, execution\.max_batch_tokens"):
+        TransformersBackend(smollm, execution=scorer_only)
     assert DraftAttentionScorer(smollm).execution == ExecutionSettings()
     assert scorer.with_options(look_ahead=1).execution is execution  # kept unless given
     plain = ExecutionSettings()

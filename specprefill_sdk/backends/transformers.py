@@ -152,7 +152,7 @@ class TransformersBackend(BackendBase):
             are bound by the host's kernel launches), ``lean`` (a prefill into an empty cache, one
             row in position order, computed from the weights) and ``compile`` (that prefill's
             element-wise work fused by `torch.compile`, CUDA only, weights packed in place as for
-            the scorer). None: the defaults.
+            the scorer). Any other field set away from its default is refused. None: the defaults.
 
     Example::
 
@@ -175,6 +175,7 @@ class TransformersBackend(BackendBase):
     ) -> None:
         #: how the forward passes run
         self.execution = run = ExecutionSettings.of(execution)
+        run.refuse_unused({"fused_norms", "lean", "compile"}, "TransformersBackend")
         if isinstance(model, LoadedModel):
             if device != "auto" and torch.device(device) != model.device:
                 raise InvalidRequestError(

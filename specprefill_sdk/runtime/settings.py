@@ -14,7 +14,8 @@ None of these settings changes what is computed beyond the last bits of floating
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import InvalidRequestError
@@ -66,7 +67,8 @@ class ExecutionSettings:
 
     Raises:
         InvalidRequestError: a switch that is not a bool, an unknown attention kernel, or a
-            ``max_batch_tokens`` below 1.
+            ``max_batch_tokens`` below 1. A backend given a scorer-only field away from its default
+            refuses it (`refuse_unused`) rather than ignore it.
     """
 
     fused_norms: bool = True
@@ -84,6 +86,23 @@ class ExecutionSettings:
         backends: Sequence[str] | None = self.attention_backends
         object.__setattr__(self, "attention_backends", check_attention_backends(backends))
         check_int(self.max_batch_tokens, "max_batch_tokens", param="max_batch_tokens", minimum=1)
+
+    def refuse_unused(self, used: AbstractSet[str], component: str) -> None:
+        """Refuse fields set away from their defaults that ``component`` does not read.
+
+        Raises:
+            InvalidRequestError: naming the fields and the component that ignores them.
+        """
+        default = ExecutionSettings()
+        unused = [
+            f.name for f in fields(self) if f.name not in used and getattr(self, f.name) != getattr(default, f.name)
+        ]
+        if unused:
+            raise InvalidRequestError(
+                f"{component} does not use execution.{', execution.'.join(unused)} (the draft scorer's settings); "
+                f"it reads {', '.join(sorted(used))}",
+                param="execution",
+            )
 
     @classmethod
     def of(cls, execution: Any) -> ExecutionSettings:
