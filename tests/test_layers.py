@@ -81,12 +81,9 @@ ALLOWED_LAZY: dict[tuple[str, str], str] = {
     ("pipeline", "conversation"): "Pipeline.conversation is a convenience that starts a Conversation",
 }
 
-#: What the tree breaks today; the merge of the reorganisation empties this list. An entry is
-#: ``("edge", importer, imported)`` for an import that breaks a rule, ``("cycle", module, ...)`` for
-#: an import cycle (its modules, sorted). The loop pipeline -> policies -> backends -> openai ->
-#: textmode -> pipeline closes only through `Pipeline.from_policy`'s allowed lazy import and
-#: textmode's TYPE_CHECKING import of the pipeline; its one wrong link is the HTTP backend's import
-#: of textmode (a stage importing a driver), listed here.
+#: What the tree breaks and is known to: empty, and to stay so. An entry is ``("edge", importer,
+#: imported)`` for an import that breaks a rule or ``("cycle", module, ...)`` for an import cycle (its
+#: modules, sorted); each is an expected failure that fails the suite once it is mended.
 KNOWN_VIOLATIONS: list[tuple[str, ...]] = []
 
 
