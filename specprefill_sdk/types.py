@@ -7,7 +7,6 @@ tokenization of the prompt, 0-based; ``n`` is always the original prompt length.
 from __future__ import annotations
 
 import array
-import math
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -16,6 +15,7 @@ from typing import Any, Literal
 import torch
 
 from .errors import InvalidRequestError
+from .validation import check_float, check_int, check_rate
 
 __all__ = [
     "Completion",
@@ -345,16 +345,9 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         else:
             object.__setattr__(self, "stop", tuple(self.stop))
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError(
-                f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", param="max_tokens"
-            )
-        if not (isinstance(self.temperature, int | float) and math.isfinite(self.temperature)) or self.temperature < 0:
-            raise InvalidRequestError(
-                f"temperature must be a finite number >= 0, got {self.temperature!r}", param="temperature"
-            )
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p!r}", param="top_p")
+        check_int(self.max_tokens, "max_tokens", param="max_tokens", minimum=1)
+        check_float(self.temperature, "temperature", param="temperature")
+        check_rate(self.top_p, "top_p", param="top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", param="stop")
 

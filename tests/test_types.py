@@ -176,3 +176,13 @@ def test_sampling_params_from_a_call_and_as_request_fields() -> None:
     assert SamplingParams(4).request_fields() == {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0}
     fields = SamplingParams(4, temperature=0.5, stop=("a",), seed=7).request_fields()
     assert fields == {"max_tokens": 4, "temperature": 0.5, "top_p": 1.0, "stop": ["a"], "seed": 7}
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_tokens", True), ("max_tokens", 0), ("temperature", float("nan")), ("top_p", 0.0), ("top_p", "1")],
+)
+def test_sampling_params_refuse_what_the_shared_checks_refuse(field: str, value: object) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        SamplingParams(**{field: value})  # type: ignore[arg-type]
+    assert info.value.param == field and field in str(info.value)

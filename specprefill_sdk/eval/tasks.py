@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ..errors import InvalidRequestError
+from ..validation import check_int
 from .corpora import load_json
 from .text import normalize_space, sentence_spans
 
@@ -659,10 +660,8 @@ def generate_samples(task: str, tokenizer: Any, *, length: int, count: int, seed
     """
     if task not in TASKS:
         raise InvalidRequestError(f"unknown task {task!r}; choose from {', '.join(TASKS)}", param="tasks")
-    if not isinstance(length, int) or length < 256:
-        raise InvalidRequestError(f"length must be an integer >= 256 tokens, got {length!r}", param="lengths")
-    if not isinstance(count, int) or count < 1:
-        raise InvalidRequestError(f"count must be an integer >= 1, got {count!r}", param="samples")
+    check_int(length, "length", param="lengths", minimum=256)
+    check_int(count, "count", param="samples", minimum=1)
     counter = _Counter(tokenizer)
     out = []
     for index in range(count):

@@ -18,6 +18,7 @@ import torch
 
 from ..errors import InvalidRequestError
 from ..types import Prompt, TokenScores
+from ..validation import check_rate
 from ._alignment import check_prompt
 
 __all__ = ["HeadTailScorer", "RandomScorer", "RecencyScorer", "UniformScorer"]
@@ -112,9 +113,7 @@ class HeadTailScorer(_BaselineScorer):
     name = "head-tail"
 
     def __init__(self, head: float = 0.5) -> None:
-        if isinstance(head, bool) or not isinstance(head, int | float) or not 0.0 <= head <= 1.0:
-            raise InvalidRequestError(f"head must be a number in [0, 1], got {head!r}", param="head")
-        self.head = float(head)
+        self.head = check_rate(head, "head", param="head", allow_zero=True)
 
     def __repr__(self) -> str:
         return f"HeadTailScorer(head={self.head})"

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 from ...errors import BackendUnavailableError, InvalidRequestError
+from ...validation import check_rate
 
 __all__ = ["DEFAULT_UTILIZATION", "DevicePlan", "plan_devices", "rank_device"]
 
@@ -92,8 +93,8 @@ def plan_devices(
         raise BackendUnavailableError(
             f"tensor_parallel_size={tensor_parallel_size} needs {tensor_parallel_size} GPUs, {num_gpus} visible"
         )
-    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise InvalidRequestError("gpu_memory_utilization must be in (0, 1]", param="gpu_memory_utilization")
+    if gpu_memory_utilization is not None:
+        check_rate(gpu_memory_utilization, "gpu_memory_utilization", param="gpu_memory_utilization")
     targets = tuple(rank_device(r, tensor_parallel_size, num_gpus) for r in range(tensor_parallel_size))
     if draft_device == "auto":
         draft = f"cuda:{tensor_parallel_size}" if num_gpus > tensor_parallel_size else "cuda:0"
