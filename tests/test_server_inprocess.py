@@ -270,7 +270,8 @@ def test_the_default_warm_up_follows_what_compiles_and_where() -> None:
     from specprefill_sdk.server.app import default_warmup_tokens
 
     def backend(device: str, compiles: bool) -> Any:
-        return SimpleNamespace(device=torch.device(device), execution=SimpleNamespace(compile=compiles))
+        # what a LocalBackend declares: its loaded model and its device
+        return SimpleNamespace(loaded=None, device=torch.device(device), execution=SimpleNamespace(compile=compiles))
 
     compiling_scorer = SimpleNamespace(execution=SimpleNamespace(compile=True))
     assert default_warmup_tokens(backend("cuda", True), None) == DEFAULT_WARMUP_TOKENS  # a given backend
