@@ -485,7 +485,9 @@ def stage_serve(out: Path, tokenizer_dir: Path, validate: bool = False) -> dict[
     checks = result["checks"]
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        # The served model keeps its stock architecture name, so the plugin must be opted in to replace it.
+        env = {**os.environ, "SPECPREFILL_VLLM_PLUGIN": "1"}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             while time.monotonic() - t0 < 300:
                 if proc.poll() is not None:

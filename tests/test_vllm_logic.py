@@ -28,7 +28,11 @@ from specprefill_sdk.backends.vllm.layout import (
 from specprefill_sdk.backends.vllm.parallel import plan_devices, rank_device
 from specprefill_sdk.backends.vllm.plugin import (
     EXPLICIT_ARCHITECTURES,
+    PLUGIN_SETTING,
+    SUPPORTED_ARCHITECTURES,
     check_vllm,
+    enable_stock_classes,
+    plan_registration,
     register,
     registered,
     supported_architecture,
@@ -418,6 +422,71 @@ def test_register_without_vllm_logs_and_never_raises(caplog):
         register()  # idempotent, also when it cannot register
     assert not registered()
     assert "not installed" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("setting", "stock"),
+    [
+        (None, ()),
+        ("", ()),
+        ("1", tuple(SUPPORTED_ARCHITECTURES)),
+        ("all", tuple(SUPPORTED_ARCHITECTURES)),
+        ("LlamaForCausalLM", ("LlamaForCausalLM",)),
+        (" Qwen2ForCausalLM , LlamaForCausalLM ", ("Qwen2ForCausalLM", "LlamaForCausalLM")),
+    ],
+)
+def test_installing_the_plugin_replaces_no_stock_class_unless_asked(setting, stock):
+    plan = plan_registration(setting)
+    assert set(plan.replaces_stock) == set(stock)
+    # The explicit names are new names: registering them replaces nothing vLLM serves.
+    assert set(EXPLICIT_ARCHITECTURES) <= set(plan.names)
+    assert set(plan.names) == set(EXPLICIT_ARCHITECTURES) | set(stock)
+    assert plan.unknown == ()
+
+
+def test_plugin_setting_off_and_unknown_names():
+    assert plan_registration("0").names == {} and plan_registration("off").names == {}
+    plan = plan_registration("LlamaForCausalLM,GemmaForCausalLM")
+    assert plan.replaces_stock == ("LlamaForCausalLM",) and plan.unknown == ("GemmaForCausalLM",)
+
+
+def test_backend_opts_in_for_its_engine_but_keeps_a_user_choice():
+    env: dict[str, str] = {}
+    assert enable_stock_classes(env) == "1" and env == {PLUGIN_SETTING: "1"}
+    assert set(plan_registration(env[PLUGIN_SETTING]).replaces_stock) == set(SUPPORTED_ARCHITECTURES)
+    for chosen in ("0", "Qwen2ForCausalLM"):
+        env = {PLUGIN_SETTING: chosen}
+        assert enable_stock_classes(env) == chosen and env == {PLUGIN_SETTING: chosen}
+
+
+class _Registry:
+    def __init__(self) -> None:
+        self.models: dict[str, str] = {}
+
+    def register_model(self, name: str, path: str) -> None:
+        self.models[name] = path
+
+
+def test_register_follows_the_setting_and_adds_names_later(monkeypatch):
+    """`register` as vLLM calls it: a registry stands in for vLLM's, which cannot be imported here."""
+    import types
+
+    from specprefill_sdk.backends.vllm import plugin
+
+    registry = _Registry()
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(ModelRegistry=registry))
+    monkeypatch.setattr(plugin, "check_vllm", lambda: None)
+    monkeypatch.setattr(plugin, "_runner_hook_missing", lambda: None)
+    monkeypatch.setattr(plugin, "_registered", set())
+    monkeypatch.delenv(PLUGIN_SETTING, raising=False)
+    register()  # installed, nothing asked: new names only
+    assert set(registry.models) == set(EXPLICIT_ARCHITECTURES)
+    assert not set(registry.models) & set(SUPPORTED_ARCHITECTURES)
+    monkeypatch.setenv(PLUGIN_SETTING, "1")  # as VLLMBackend does before it starts an engine
+    register()
+    assert set(registry.models) == set(EXPLICIT_ARCHITECTURES) | set(SUPPORTED_ARCHITECTURES)
+    assert registry.models["LlamaForCausalLM"].endswith(":SpecPrefillLlamaForCausalLM")
+    assert registered()
 
 
 @pytest.mark.skipif(_vllm_installed(), reason="checks the behaviour without vLLM")

@@ -39,7 +39,14 @@ from ...types import (
 from ..base import BackendBase
 from .layout import encode_prompt
 from .parallel import DevicePlan, plan_devices
-from .plugin import EXPLICIT_ARCHITECTURES, SUPPORTED_ARCHITECTURES, check_vllm, register, supported_architecture
+from .plugin import (
+    EXPLICIT_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    check_vllm,
+    enable_stock_classes,
+    register,
+    supported_architecture,
+)
 
 __all__ = ["VLLMBackend"]
 
@@ -170,6 +177,9 @@ class VLLMBackend(BackendBase):
                 f"{model!r} is a {', '.join(archs)}; SpecPrefill positions on vLLM cover "
                 f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))} (or {', '.join(EXPLICIT_ARCHITECTURES)})"
             )
+        # The plugin leaves vLLM's stock classes alone unless asked; this engine is asked for, so its
+        # processes (children, which inherit the environment) opt in, unless the user chose otherwise.
+        enable_stock_classes()
         register()  # this process resolves the architecture too
         import torch
         import vllm
@@ -229,7 +239,7 @@ class VLLMBackend(BackendBase):
                 self.close()
                 raise BackendUnavailableError(
                     f"vLLM built {status.get('model')} with {status.get('state')}, not the SpecPrefill state: "
-                    "the architecture is not covered or the plugin is disabled (SPECPREFILL_VLLM_PLUGIN=0)"
+                    "the architecture is not covered or the plugin is disabled or limited by SPECPREFILL_VLLM_PLUGIN"
                 )
         return statuses
 
