@@ -60,7 +60,8 @@ def test_sdist_ships_the_license_and_not_the_benchmark_results(dists):
     assert f"{top}/LICENSE" in names
     assert f"{top}/pyproject.toml" in names and f"{top}/specprefill_sdk/py.typed" in names
     assert f"{top}/benchmarks/_common.py" in names  # the benchmark scripts ship ...
-    assert not [n for n in names if n.startswith(f"{top}/benchmarks/results")]  # ... their results do not
+    # ... their results do not, neither directly nor through the docs' link to them
+    assert not [n for n in names if n.startswith((f"{top}/benchmarks/results", f"{top}/docs/results"))]
 
 
 @pytest.mark.slow
@@ -75,7 +76,9 @@ def test_wheel_ships_license_py_typed_and_policies(dists):
     assert shipped == {p.name for p in (ROOT / "policies").glob("*.toml")}
     assert not [n for n in names if n.startswith(("tests/", "benchmarks/"))]
     assert "License-Expression: Apache-2.0" in metadata
-    assert "Provides-Extra: dev" not in metadata and "pytest" not in metadata  # no test tools published
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
+    assert "Provides-Extra: dev" not in metadata  # no test tools published, in any extra
+    assert requires and not [line for line in requires if any(t in line for t in ("pytest", "ruff", "mypy", "mkdocs"))]
 
 
 @pytest.mark.slow
