@@ -19,12 +19,28 @@ from typing import Any
 from .errors import InvalidRequestError
 from .types import TEMPLATE_ROLE, TEXT_ROLE, Message, Prompt
 
-__all__ = ["PromptInput", "build_prompt", "normalize_messages"]
+__all__ = ["PromptInput", "build_prompt", "check_text", "normalize_messages"]
 
 logger = logging.getLogger(__name__)
 
 #: What the SDK accepts as a prompt: plain text, or a sequence of chat messages.
 PromptInput = str | Sequence[Message | Mapping[str, Any]]
+
+
+def check_text(text: str, param: str) -> str:
+    """``text`` itself, or `InvalidRequestError` naming ``param`` when it is not encodable as UTF-8.
+
+    A lone UTF-16 surrogate (JSON ``"\\ud800"``) is a valid Python ``str`` but not text: tokenizers
+    and chat templates fail on it with errors that are not the caller's to read.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequestError(
+            f"{param} is not valid Unicode text: a lone surrogate {text[exc.start]!r} at character {exc.start}",
+            param=param,
+        ) from None
+    return text
 
 
 def normalize_messages(messages: Sequence[Message | Mapping[str, Any]]) -> tuple[Message, ...]:
@@ -33,7 +49,11 @@ def normalize_messages(messages: Sequence[Message | Mapping[str, Any]]) -> tuple
         raise InvalidRequestError("messages must be a list of {'role', 'content'} objects", param="messages")
     if not messages:
         raise InvalidRequestError("messages must not be empty", param="messages")
-    return tuple(Message.coerce(m) for m in messages)
+    out = tuple(Message.coerce(m) for m in messages)
+    for i, m in enumerate(out):
+        check_text(m.role, f"messages[{i}].role")
+        check_text(m.content, f"messages[{i}].content")
+    return out
 
 
 def _render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
@@ -81,11 +101,13 @@ def build_prompt(
         protected_spans: character spans ``(start, end)`` of the *rendered* text that must be kept.
 
     Raises:
-        InvalidRequestError: empty prompt, malformed messages, or a template that rejects them.
+        InvalidRequestError: empty prompt, malformed messages, text that is not valid Unicode (a lone
+            surrogate), or a template that rejects them.
     """
     if isinstance(prompt, bytes):
         raise InvalidRequestError("the prompt must be text (str), not bytes", param="prompt")
     if isinstance(prompt, str):
+        check_text(prompt, "prompt")
         if not prompt.strip():
             raise InvalidRequestError("the prompt is empty", param="prompt")
         if chat_template:

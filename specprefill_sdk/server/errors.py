@@ -5,7 +5,8 @@ Every answer that is not a success carries ``{"error": {"message", "type", "para
 ====  ==============================  =================================================================
 code  ``error.type``                  when
 ====  ==============================  =================================================================
-400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, a value the SDK rejects (unknown
+400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, text with a lone surrogate
+                                      (``invalid_text``), a value the SDK rejects (unknown
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
                                       ``invalid_api_key``)
@@ -35,6 +36,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecPrefillError
+from .schemas import UNENCODABLE_TEXT
 
 __all__ = [
     "AuthenticationError",
@@ -146,6 +148,16 @@ def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str |
     param = _loc_param(loc)
     if first.get("type") == "missing" and tuple(loc) == ("body",):
         return "the request needs a JSON body", None, 400, "invalid_json"
+    # Text no tokenizer can read is not a type or range problem: the request itself is invalid. Among
+    # the errors of a union's members it is the one that says what to fix.
+    # (pydantic reports "string_unicode" itself where a length constraint made it read the text.)
+    unencodable = [err for err in errors if err.get("type") in (UNENCODABLE_TEXT, "string_unicode")]
+    if unencodable:
+        where = _loc_param(unencodable[0].get("loc") or ())
+        message = "not valid Unicode text: a lone surrogate"
+        if unencodable[0].get("type") == UNENCODABLE_TEXT:
+            message = str(unencodable[0].get("msg"))
+        return f"{where or 'body'}: {message}", where, 400, "invalid_text"
     lines = []
     for err in errors[:5]:
         where = _loc_param(err.get("loc") or ()) or "body"

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 __all__ = [
     "ChatChoice",
@@ -49,8 +50,29 @@ __all__ = [
     "WarmUpReport",
 ]
 
+#: The pydantic error type of text that is not valid Unicode; the server answers it with 400.
+UNENCODABLE_TEXT = "unencodable_text"
+
+
+def _encodable(text: str) -> str:
+    # A lone surrogate ("\\ud800" in JSON) is a Python str but no text: refuse it here, before a
+    # tokenizer or chat template fails on it.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PydanticCustomError(
+            UNENCODABLE_TEXT,
+            "not valid Unicode text: a lone surrogate at character {at}",
+            {"at": exc.start},
+        ) from None
+    return text
+
+
+#: Client text that may reach a tokenizer, a chat template or a log: valid Unicode only.
+Text = Annotated[str, AfterValidator(_encodable)]
+
 #: A stop string: non-empty.
-StopString = Annotated[str, Field(min_length=1)]
+StopString = Annotated[Text, Field(min_length=1)]
 
 #: Conversation ids: letters, digits and ``_ . : -`` (they appear in URLs).
 CONVERSATION_ID_PATTERN = r"^[A-Za-z0-9_.:-]+$"
@@ -76,7 +98,7 @@ class SpecPrefillOptions(_Strict):
     """
 
     enabled: bool = Field(True, description="False: dense prefill of the whole prompt, no draft model.")
-    policy: str | None = Field(
+    policy: Text | None = Field(
         None,
         min_length=1,
         max_length=100,
@@ -97,7 +119,7 @@ class SpecPrefillOptions(_Strict):
     )
     sink: int | None = Field(None, ge=0, le=1024, description="Always keep this many leading tokens.")
     tail: bool | None = Field(None, description="Always keep the generation prompt at the end.")
-    roles: list[Annotated[str, Field(min_length=1, max_length=64)]] | None = Field(
+    roles: list[Annotated[Text, Field(min_length=1, max_length=64)]] | None = Field(
         None, max_length=16, description="Always keep every token of messages with these roles."
     )
     last_user_turn: bool | None = Field(None, description="Always keep the last user message.")
@@ -214,16 +236,16 @@ class UsageInfo(BaseModel):
 class ContentPart(_Lenient):
     """An OpenAI content part; only ``{"type": "text", "text": ...}`` is served."""
 
-    type: str
-    text: str | None = None
+    type: Text
+    text: Text | None = None
 
 
 class ChatMessage(_Lenient):
     """One chat message."""
 
-    role: str = Field(min_length=1, max_length=64)
-    content: str | list[ContentPart] | None = None
-    name: str | None = None
+    role: Text = Field(min_length=1, max_length=64)
+    content: Text | list[ContentPart] | None = None
+    name: Text | None = None
 
 
 class StreamOptions(_Lenient):
@@ -231,7 +253,7 @@ class StreamOptions(_Lenient):
 
 
 class _SamplingFields(_Lenient):
-    model: str | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
+    model: Text | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
     max_tokens: int | None = Field(None, ge=1, description="Tokens to generate (default 256).")
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
@@ -242,7 +264,7 @@ class _SamplingFields(_Lenient):
     n: int | None = Field(None, ge=1, le=1, description="Only 1 is served.")
     stream: bool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: Text | None = None
     specprefill: SpecPrefillOptions | None = Field(
         None, description="Per-request speculative-prefill control (send with the openai client's extra_body)."
     )
@@ -264,7 +286,7 @@ class ChatCompletionRequest(_SamplingFields):
     )
 
 
-PromptField = str | list[int] | list[str] | list[list[int]]
+PromptField = Text | list[int] | list[Text] | list[list[int]]
 
 
 class CompletionRequest(_SamplingFields):
@@ -282,9 +304,9 @@ class CompletionRequest(_SamplingFields):
 class TokenizeRequest(_Lenient):
     """``POST /v1/tokenize``: the ids the target prefills for ``messages`` (chat template) or ``prompt``."""
 
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=4096)
-    prompt: str | None = None
+    prompt: Text | None = None
     add_generation_prompt: bool = True
 
 

@@ -1,0 +1,123 @@
+"""Hostile input against a real server on 127.0.0.1: text that is not Unicode, empty API keys,
+repeated Authorization headers, the Host header of a keyless server, HEAD /health.
+
+The in-process apps share the session's loaded SmolLM2; the key checks start `specprefill serve`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from server_utils import serve_in_thread
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+LONE = "caf\ud800e"
+
+
+@pytest.fixture(scope="module")
+def backend(smollm: Any) -> Any:
+    from specprefill_sdk.backends import TransformersBackend
+
+    return TransformersBackend(smollm)
+
+
+@pytest.fixture(scope="module")
+def url(backend: Any) -> Iterator[str]:
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    with serve_in_thread(create_app(ServerConfig(policy="paper", max_sessions=4), backend=backend)) as base:
+        yield base
+
+
+def _raw(text: str) -> str:
+    # json.dumps writes a lone surrogate as the escape "\ud800", exactly what a client sends.
+    import json
+
+    return json.dumps(text)
+
+
+def _chat(content: Any, **extra: Any) -> dict[str, Any]:
+    return {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": content}], **extra}
+
+
+LONE_SURROGATE_BODIES = {
+    "chat content": ("/v1/chat/completions", _chat(LONE), "messages.0.content"),
+    "content part": ("/v1/chat/completions", _chat([{"type": "text", "text": LONE}]), "messages.0.content.0.text"),
+    "system message": (
+        "/v1/chat/completions",
+        {
+            "model": MODEL,
+            "max_tokens": 2,
+            "messages": [{"role": "system", "content": LONE}, {"role": "user", "content": "Hi"}],
+        },
+        "messages.0.content",
+    ),
+    "role": (
+        "/v1/chat/completions",
+        {"model": MODEL, "max_tokens": 2, "messages": [{"role": LONE, "content": "Hi"}]},
+        "messages.0.role",
+    ),
+    "streamed request": ("/v1/chat/completions", _chat(LONE, stream=True), "messages.0.content"),
+    "conversation start": (
+        "/v1/chat/completions",
+        _chat(LONE, specprefill={"conversation_start": True}),
+        "messages.0.content",
+    ),
+    "completions prompt": ("/v1/completions", {"model": MODEL, "max_tokens": 2, "prompt": LONE}, "prompt"),
+    "completions prompt list": ("/v1/completions", {"model": MODEL, "max_tokens": 2, "prompt": [LONE]}, "prompt.0"),
+    "stop string": ("/v1/chat/completions", _chat("Hi", stop=[LONE]), "stop.0"),
+    "tokenize prompt": ("/v1/tokenize", {"prompt": LONE}, "prompt"),
+    "tokenize messages": ("/v1/tokenize", {"messages": [{"role": "user", "content": LONE}]}, "messages.0.content"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LONE_SURROGATE_BODIES))
+def test_a_lone_surrogate_is_a_400_naming_the_field(url: str, case: str) -> None:
+    import json
+
+    path, body, param = LONE_SURROGATE_BODIES[case]
+    payload = json.dumps(body)  # ensure_ascii: the surrogate travels as the escape \ud800
+    assert "\\ud800" in payload
+    response = httpx.post(f"{url}{path}", content=payload, headers={"Content-Type": "application/json"}, timeout=120)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert "surrogate" in error["message"]
+
+
+def test_invalid_utf8_in_the_body_is_a_400(url: str) -> None:
+    payload = (
+        b'{"model": "smollm2-135m", "max_tokens": 2, "messages": [{"role": "user", "content": "caf\xed\xa0\x80e"}]}'
+    )
+    response = httpx.post(
+        f"{url}/v1/chat/completions", content=payload, headers={"Content-Type": "application/json"}, timeout=120
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_server_still_answers_after_bad_text(url: str) -> None:
+    response = httpx.post(f"{url}/v1/chat/completions", json=_chat("Say hi."), timeout=300)
+    assert response.status_code == 200, response.text
+
+
+def test_build_prompt_refuses_a_lone_surrogate_with_a_typed_error(tokenizer: Any) -> None:
+    from specprefill_sdk.errors import InvalidRequestError
+    from specprefill_sdk.prompt import build_prompt
+
+    with pytest.raises(InvalidRequestError) as text_error:
+        build_prompt(tokenizer, LONE)
+    assert text_error.value.param == "prompt"
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": LONE}]},
+    ]
+    with pytest.raises(InvalidRequestError) as chat_error:
+        build_prompt(tokenizer, messages)
+    assert chat_error.value.param == "messages[1].content"
