@@ -6,12 +6,15 @@ The in-process apps share the session's loaded SmolLM2; the key checks start `sp
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-from server_utils import serve_in_thread
+from server_utils import ROOT, free_port, serve_in_thread
 
 pytestmark = pytest.mark.slow
 
@@ -121,3 +124,44 @@ def test_build_prompt_refuses_a_lone_surrogate_with_a_typed_error(tokenizer: Any
     with pytest.raises(InvalidRequestError) as chat_error:
         build_prompt(tokenizer, messages)
     assert chat_error.value.param == "messages[1].content"
+
+
+# ----------------------------------------------------------------------------- empty API keys
+def _serve_command(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``specprefill serve ARGS`` as a process; it must exit on its own (bounded by the timeout)."""
+    full_env = {k: v for k, v in os.environ.items() if k != "SPECPREFILL_API_KEY"}
+    full_env.update(HF_HUB_OFFLINE="1", **env)
+    full_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), full_env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "specprefill_sdk", "serve", "--device", "cpu", "--host", "127.0.0.1"]
+    command += ["--port", str(free_port()), *args]
+    return subprocess.run(command, env=full_env, cwd=str(ROOT), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "named"),
+    [
+        (["--api-key", ""], {}, "--api-key is empty"),
+        (["--api-key", "good", "--api-key", "  "], {}, "--api-key is empty"),
+        ([], {"SPECPREFILL_API_KEY": " , ,"}, "SPECPREFILL_API_KEY is set but holds no key"),
+        ([], {"SPECPREFILL_API_KEY": ""}, "SPECPREFILL_API_KEY is set but holds no key"),
+    ],
+)
+def test_an_empty_api_key_refuses_to_start(args: list[str], env: dict[str, str], named: str) -> None:
+    done = _serve_command(args, env)
+    assert done.returncode != 0, done.stdout + done.stderr
+    assert named in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_server_config_refuses_empty_keys() -> None:
+    from specprefill_sdk.errors import InvalidRequestError
+    from specprefill_sdk.server import ServerConfig
+
+    for keys in (("",), ("key", " "), ""):
+        with pytest.raises(InvalidRequestError) as error:
+            ServerConfig(api_keys=keys)  # type: ignore[arg-type]
+        assert error.value.param == "api_keys"
+    with pytest.raises(InvalidRequestError, match="SPECPREFILL_API_KEY is set but holds no key"):
+        ServerConfig.from_env({"SPECPREFILL_API_KEY": ",,"})
+    assert ServerConfig.from_env({}).api_keys == ()
+    assert ServerConfig(api_keys=("k1", "k2")).api_keys == ("k1", "k2")

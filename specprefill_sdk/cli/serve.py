@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ..errors import InvalidRequestError
 from ..server import DEFAULT_WARMUP_TOKENS
 from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig
 from ._args import add_model_options, non_negative_int, positive_int, positive_number
@@ -28,10 +29,29 @@ API_KEY_ENV = "SPECPREFILL_API_KEY"
 
 
 def api_keys(given: list[str] | None, env: str | None) -> list[str]:
-    """The server's API keys: the ``--api-key`` values, else the comma-separated environment variable."""
-    if given:
-        return [k for k in given if k]
-    return [k.strip() for k in (env or "").split(",") if k.strip()]
+    """The server's API keys: the ``--api-key`` values, else the comma-separated environment variable.
+
+    Raises:
+        InvalidRequestError: an empty ``--api-key`` (``--api-key "$KEY"`` with KEY unset), or a
+            variable that is set but holds no key: either would otherwise serve without authentication.
+    """
+    if given is not None:
+        if any(not k.strip() for k in given):
+            raise InvalidRequestError(
+                "--api-key is empty (an unset variable?): give a non-empty key, or leave --api-key out "
+                "to serve without authentication",
+                param="api_keys",
+            )
+        return list(given)
+    if env is None:
+        return []
+    keys = [k.strip() for k in env.split(",") if k.strip()]
+    if not keys:
+        raise InvalidRequestError(
+            f"{API_KEY_ENV} is set but holds no key: give a key, or unset it to serve without authentication",
+            param="api_keys",
+        )
+    return keys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -102,7 +102,21 @@ class ServerConfig:
             keys = (keys,)
         if not isinstance(keys, tuple | list) or not all(isinstance(k, str) for k in keys):
             raise InvalidRequestError(f"api_keys must be a sequence of strings, got {keys!r}", param="api_keys")
-        object.__setattr__(self, "api_keys", tuple(k for k in keys if k))
+        for key in keys:
+            # An empty key is what `--api-key "$KEY"` gives when KEY is unset: dropping it would
+            # serve every route without authentication, which nobody who gave a key meant.
+            if not key.strip():
+                raise InvalidRequestError(
+                    "an API key is empty (an unset variable?): give a non-empty key, or no api_keys at all "
+                    "to serve without authentication",
+                    param="api_keys",
+                )
+            if key != key.strip():
+                raise InvalidRequestError(
+                    "an API key starts or ends with whitespace; clients' keys are compared without it",
+                    param="api_keys",
+                )
+        object.__setattr__(self, "api_keys", tuple(keys))
         for name in ("max_prompt_tokens", "max_output_tokens"):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name, param=name, minimum=1)
@@ -159,12 +173,17 @@ class ServerConfig:
             name = prefix + ("API_KEY" if f.name == "api_keys" else f.name.upper())
             if name in environ:
                 values[f.name] = _from_text(environ[name], str(f.type), name)
+                if f.name == "api_keys" and not values[f.name]:
+                    raise InvalidRequestError(f"{name} is set but holds no key: {_NO_KEY}", param=name)
         return cls(**values)
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some settings changed (validated again)."""
         _check_names(changes)
         return dataclasses.replace(self, **changes)
+
+
+_NO_KEY = "give a key, or unset the variable to serve without authentication"
 
 
 def _check_names(values: Mapping[str, Any]) -> None:
