@@ -165,3 +165,48 @@ def test_server_config_refuses_empty_keys() -> None:
         ServerConfig.from_env({"SPECPREFILL_API_KEY": ",,"})
     assert ServerConfig.from_env({}).api_keys == ()
     assert ServerConfig(api_keys=("k1", "k2")).api_keys == ("k1", "k2")
+
+
+# ----------------------------------------------------------------------------- one Authorization header
+KEYS = ("key-one", "key-two")
+
+
+@pytest.fixture(scope="module")
+def keyed_url(backend: Any) -> Iterator[str]:
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    config = ServerConfig(policy="paper", api_keys=KEYS, max_sessions=4)
+    with serve_in_thread(create_app(config, backend=backend)) as base:
+        yield base
+
+
+def _bearer(*keys: str) -> list[tuple[str, str]]:
+    return [("Authorization", f"Bearer {key}") for key in keys]
+
+
+@pytest.mark.parametrize("keys", [("key-one", "key-two"), ("key-one", "key-one"), ("key-one", "wrong")])
+def test_two_authorization_headers_are_refused(keyed_url: str, keys: tuple[str, str]) -> None:
+    for method, path, body in (
+        ("POST", "/v1/chat/completions", _chat("Hi", specprefill={"conversation_start": True})),
+        ("GET", "/v1/conversations/anything", None),
+        ("GET", "/v1/models", None),
+    ):
+        response = httpx.request(method, f"{keyed_url}{path}", json=body, headers=_bearer(*keys), timeout=120)
+        assert response.status_code == 401, (path, response.text)
+        error = response.json()["error"]
+        assert error["code"] == "invalid_api_key"
+        assert "one Authorization header" in error["message"]
+
+
+def test_a_conversation_belongs_to_the_key_that_authenticated(keyed_url: str) -> None:
+    body = _chat("Name a colour.", specprefill={"conversation_start": True, "conversation_id": "mine"})
+    started = httpx.post(f"{keyed_url}/v1/chat/completions", json=body, headers=_bearer("key-one"), timeout=300)
+    assert started.status_code == 200, started.text
+    own = httpx.get(f"{keyed_url}/v1/conversations/mine", headers=_bearer("key-one"), timeout=30)
+    assert own.status_code == 200, own.text
+    other = httpx.get(f"{keyed_url}/v1/conversations/mine", headers=_bearer("key-two"), timeout=30)
+    assert other.status_code == 404, other.text
+    # "bearer" in any case and spaces around the key still name the same key, so the same owner.
+    same = httpx.get(f"{keyed_url}/v1/conversations/mine", headers={"Authorization": "bearer   key-one"}, timeout=30)
+    assert same.status_code == 200, same.text
+    assert httpx.delete(f"{keyed_url}/v1/conversations/mine", headers=_bearer("key-one"), timeout=30).status_code == 200

@@ -43,7 +43,7 @@ from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
-from .limits import GuardMiddleware
+from .limits import AUTHENTICATED_KEY, GuardMiddleware
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -261,11 +261,11 @@ def _config(config: ServerConfig | str | None, settings: dict[str, Any]) -> Serv
 # ----------------------------------------------------------------------------- routes
 def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> None:
     def owner(request: Request) -> str:
-        # GuardMiddleware has checked the key; without configured keys every caller shares one space.
+        # The key GuardMiddleware checked (never a header read again); without keys every caller
+        # shares one space.
         if not keyed:
             return ""
-        _, _, token = request.headers.get("authorization", "").partition(" ")
-        return key_owner(token.strip())
+        return key_owner(getattr(request.state, AUTHENTICATED_KEY))
 
     @router.get("/models", response_model=ModelList, tags=["models"])
     async def list_models() -> ModelList:

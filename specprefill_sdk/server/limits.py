@@ -24,7 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, error_body
 
-__all__ = ["Admission", "AdmissionStats", "GuardMiddleware", "Ticket"]
+__all__ = ["AUTHENTICATED_KEY", "Admission", "AdmissionStats", "GuardMiddleware", "Ticket"]
+
+#: Where `GuardMiddleware` leaves the API key that authenticated a request (``request.state``).
+AUTHENTICATED_KEY = "specprefill_api_key"
 
 
 @dataclass(frozen=True)
@@ -121,18 +124,29 @@ class GuardMiddleware:
         self.max_body_bytes = max_body_bytes
         keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
         self._keys = [k.encode() for k in keys if k]
+        self._key_names = {k.encode(): k for k in keys if k}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        raw_headers = scope.get("headers", [])
+        headers = {k.lower(): v for k, v in raw_headers}
         path: str = scope.get("path", "")
         if self._keys and (path == "/v1" or path.startswith("/v1/")):
-            problem = self._auth_problem(headers.get(b"authorization"))
+            # One header only: with two, the key check and the route (conversation ownership) could
+            # each read a different one.
+            given = [v for k, v in raw_headers if k.lower() == b"authorization"]
+            if len(given) > 1:
+                problem: str | None = f"send one Authorization header, not {len(given)}"
+            else:
+                problem = self._auth_problem(given[0] if given else None)
             if problem is not None:
                 await _send_error(send, AuthenticationError(problem), {"WWW-Authenticate": "Bearer"})
                 return
+            # The routes take the caller's identity from here, the key that was checked.
+            token = given[0].partition(b" ")[2].strip()
+            scope.setdefault("state", {})[AUTHENTICATED_KEY] = self._key_names[token]
         length = headers.get(b"content-length")
         if length is not None:
             try:
