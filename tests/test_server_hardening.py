@@ -210,3 +210,11 @@ def test_a_conversation_belongs_to_the_key_that_authenticated(keyed_url: str) ->
     same = httpx.get(f"{keyed_url}/v1/conversations/mine", headers={"Authorization": "bearer   key-one"}, timeout=30)
     assert same.status_code == 200, same.text
     assert httpx.delete(f"{keyed_url}/v1/conversations/mine", headers=_bearer("key-one"), timeout=30).status_code == 200
+
+
+# ----------------------------------------------------------------------------- HEAD /health
+def test_head_health_answers_200_without_a_body(url: str) -> None:
+    response = httpx.head(f"{url}/health", timeout=30)
+    assert response.status_code == 200, response.text
+    assert response.content == b""
+    assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"

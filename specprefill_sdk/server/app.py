@@ -172,6 +172,11 @@ def create_app(
     _add_routes(router, engine, keyed=bool(keys))
     app.include_router(router)
 
+    @app.head("/health", include_in_schema=False)
+    async def health_head() -> Response:
+        # Load balancers and uptime checks probe with HEAD: 200 and no body, as for GET.
+        return Response(status_code=200)
+
     @app.get("/health", response_model=HealthResponse, tags=["server"])
     async def health() -> HealthResponse:
         """Liveness and load: requests in flight (running + queued) and the queue depth."""
