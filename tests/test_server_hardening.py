@@ -218,3 +218,49 @@ def test_head_health_answers_200_without_a_body(url: str) -> None:
     assert response.status_code == 200, response.text
     assert response.content == b""
     assert httpx.get(f"{url}/health", timeout=30).json()["status"] == "ok"
+
+
+# ----------------------------------------------------------------------------- Host without keys
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1", "127.0.0.2:9", "[::1]", "[::1]:8000"])
+def test_a_keyless_server_answers_loopback_hosts(url: str, host: str) -> None:
+    response = httpx.get(f"{url}/v1/models", headers={"Host": host}, timeout=30)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    "host", ["attacker.example", "attacker.example:8000", "localhost.attacker.example", "10.0.0.5", "[::1", "a:b"]
+)
+def test_a_keyless_server_refuses_other_hosts(url: str, host: str) -> None:
+    for method, path, body in (
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/chat/completions", _chat("Hi")),
+        ("GET", "/health", None),
+    ):
+        response = httpx.request(method, f"{url}{path}", json=body, headers={"Host": host}, timeout=30)
+        assert response.status_code == 403, (path, response.text)
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert error["code"] == "host_not_allowed"
+
+
+def test_a_keyed_server_answers_any_host(keyed_url: str) -> None:
+    response = httpx.get(
+        f"{keyed_url}/v1/models", headers={"Host": "api.example", **dict(_bearer("key-one"))}, timeout=30
+    )
+    assert response.status_code == 200, response.text
+
+
+def test_a_keyless_server_bound_beyond_loopback_also_answers_ip_literals(backend: Any) -> None:
+    from specprefill_sdk.server import ServerConfig, create_app
+    from specprefill_sdk.server.limits import HostCheck
+
+    # Configured for every interface (served here on 127.0.0.1): clients may come by address.
+    with serve_in_thread(create_app(ServerConfig(policy="paper", host="0.0.0.0"), backend=backend)) as base:
+        for host, status in (("10.0.0.5:8000", 200), ("[fe80::1]", 200), ("attacker.example", 403)):
+            response = httpx.get(f"{base}/v1/models", headers={"Host": host}, timeout=30)
+            assert response.status_code == status, (host, response.text)
+
+    wide = HostCheck(ip_literals=True)
+    assert wide.allows(b"10.0.0.5:8000") and wide.allows(b"[fe80::1]") and wide.allows(b"localhost")
+    assert not wide.allows(b"attacker.example") and not wide.allows(b"gpu-box.local:8000")
+    assert not HostCheck().allows(b"10.0.0.5")

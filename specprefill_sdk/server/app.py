@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import ipaddress
 import json
 import logging
 import time
@@ -43,7 +44,7 @@ from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
-from .limits import AUTHENTICATED_KEY, GuardMiddleware
+from .limits import AUTHENTICATED_KEY, GuardMiddleware, HostCheck
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -77,7 +78,8 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
     for status, text in (
         (400, "Invalid request (malformed JSON, unknown policy, ids or positions out of range)"),
-        (401, "Missing or wrong API key"),
+        (401, "Missing or wrong API key, or more than one Authorization header"),
+        (403, "Without API keys: a Host header that is not loopback"),
         (404, "Unknown model or conversation"),
         (409, "The conversation is answering another request, or already exists"),
         (413, "Body or prompt too large"),
@@ -165,7 +167,12 @@ def create_app(
     )
     app.state.engine = engine
     install_error_handlers(app)
-    app.add_middleware(GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None)
+    # Without keys nothing but the Host header tells a local client from a web page that rebinds
+    # its own name to this address.
+    host_check = None if keys else HostCheck(ip_literals=not _is_loopback(config.host))
+    app.add_middleware(
+        GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None, host_check=host_check
+    )
     # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
     security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
@@ -195,6 +202,15 @@ def create_app(
         )
 
     return app
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:

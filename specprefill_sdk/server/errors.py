@@ -10,6 +10,8 @@ code  ``error.type``                  when
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
                                       ``invalid_api_key``)
+403   ``invalid_request_error``       without API keys, a ``Host`` that is not loopback
+                                      (``host_not_allowed``: DNS rebinding)
 404   ``not_found_error``             unknown route or model; unknown, expired, evicted or deleted
                                       conversation (code ``conversation_not_found``)
 405   ``invalid_request_error``       wrong HTTP method for a route

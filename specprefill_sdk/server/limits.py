@@ -4,14 +4,16 @@
 anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry-After``), so an
 overload costs a small JSON answer instead of memory.
 
-`GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413) and,
-with API keys configured, any ``/v1`` request without ``Authorization: Bearer <key>`` for one of them (401).
+`GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413),
+with API keys configured any ``/v1`` request without ``Authorization: Bearer <key>`` for one of them
+(401), and without keys any request whose ``Host`` is not a loopback name (403, `HostCheck`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import json
 import math
 import time
@@ -24,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, error_body
 
-__all__ = ["AUTHENTICATED_KEY", "Admission", "AdmissionStats", "GuardMiddleware", "Ticket"]
+__all__ = ["AUTHENTICATED_KEY", "Admission", "AdmissionStats", "GuardMiddleware", "HostCheck", "Ticket"]
 
 #: Where `GuardMiddleware` leaves the API key that authenticated a request (``request.state``).
 AUTHENTICATED_KEY = "specprefill_api_key"
@@ -116,12 +118,72 @@ class Admission:
         self._semaphore.release()
 
 
+@dataclass(frozen=True)
+class HostCheck:
+    """Which ``Host`` values a server without API keys answers (against DNS rebinding).
+
+    A web page can make a browser send requests to a name its author controls that resolves to
+    127.0.0.1; the browser then sends that name as ``Host``. Loopback names and addresses are never
+    such a name; nor is any IP literal, which a server bound beyond loopback (``ip_literals``) must
+    accept for clients that reach it by address.
+    """
+
+    ip_literals: bool = False
+
+    def allows(self, header: bytes) -> bool:
+        name = _host_name(header)
+        if name is None:
+            return False
+        if name == "localhost":
+            return True
+        try:
+            address = ipaddress.ip_address(name)
+        except ValueError:
+            return False
+        return address.is_loopback or self.ip_literals
+
+    def refusal(self, header: bytes) -> dict[str, Any]:
+        shown = header.decode("latin-1")[:200]
+        return error_body(
+            f"Host {shown!r} is not served: without an API key this server answers only loopback names "
+            "(localhost, 127.0.0.1, [::1]); configure --api-key to serve other names",
+            "invalid_request_error",
+            code="host_not_allowed",
+        )
+
+
+def _host_name(header: bytes) -> str | None:
+    """The name of a ``Host`` value without its port (``[::1]:8000`` -> ``::1``), or None if malformed."""
+    try:
+        text = header.decode("ascii").strip().lower()
+    except UnicodeDecodeError:
+        return None
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1 :]
+        if end < 0 or (rest and not (rest.startswith(":") and rest[1:].isdigit())):
+            return None
+        return text[1:end]
+    name, sep, port = text.partition(":")
+    if sep and not port.isdigit():
+        return None
+    return name
+
+
 class GuardMiddleware:
     """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` routes."""
 
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int, api_key: str | Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        api_key: str | Sequence[str] | None = None,
+        host_check: HostCheck | None = None,
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.host_check = host_check
         keys = [api_key] if isinstance(api_key, str) else list(api_key or [])
         self._keys = [k.encode() for k in keys if k]
         self._key_names = {k.encode(): k for k in keys if k}
@@ -133,6 +195,10 @@ class GuardMiddleware:
         raw_headers = scope.get("headers", [])
         headers = {k.lower(): v for k, v in raw_headers}
         path: str = scope.get("path", "")
+        host = headers.get(b"host")
+        if self.host_check is not None and host is not None and not self.host_check.allows(host):
+            await _send_json(send, 403, self.host_check.refusal(host))
+            return
         if self._keys and (path == "/v1" or path.startswith("/v1/")):
             # One header only: with two, the key check and the route (conversation ownership) could
             # each read a different one.
