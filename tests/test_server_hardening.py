@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from server_utils import ROOT, free_port, serve_in_thread
+from server_utils import ROOT, free_port, serve_in_thread, wait_for_health
 
 pytestmark = pytest.mark.slow
 
@@ -264,3 +264,28 @@ def test_a_keyless_server_bound_beyond_loopback_also_answers_ip_literals(backend
     assert wide.allows(b"10.0.0.5:8000") and wide.allows(b"[fe80::1]") and wide.allows(b"localhost")
     assert not wide.allows(b"attacker.example") and not wide.allows(b"gpu-box.local:8000")
     assert not HostCheck().allows(b"10.0.0.5")
+
+
+# ----------------------------------------------------------------------------- the keyless-bind warning
+def test_no_keyless_warning_for_a_loopback_bind_other_than_127_0_0_1(tmp_path: Any) -> None:
+    """127.0.0.2 is loopback too: ``serve`` binds it without the warning meant for reachable addresses."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "SPECPREFILL_API_KEY"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    log = tmp_path / "serve.log"
+    command = [sys.executable, "-m", "specprefill_sdk", "serve", "--device", "cpu", "--host", "127.0.0.2"]
+    command += ["--port", str(port), "--log-level", "warning"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=env, cwd=str(ROOT), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for_health(f"http://127.0.0.2:{port}", timeout=180, proc=proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    text = log.read_text(errors="replace")
+    assert "without an API key" not in text, text

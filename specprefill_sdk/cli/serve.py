@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..server import DEFAULT_WARMUP_TOKENS
-from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig
+from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig, is_loopback_host
 from ._args import add_model_options, non_negative_int, positive_int, positive_number
 
 __all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "config_from_args", "main"]
@@ -195,7 +195,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
     config = config_from_args(args)
     tracer_provider, meter_provider = _configure_telemetry(args.otel)
-    if not config.api_keys and config.host not in ("127.0.0.1", "localhost", "::1"):
+    if not config.api_keys and not is_loopback_host(config.host):
         logger.warning("serving on %s without an API key: anyone who reaches this address can use it", config.host)
     app = create_app(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
     uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)

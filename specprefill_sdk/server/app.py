@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import ipaddress
 import json
 import logging
 import time
@@ -41,7 +40,7 @@ from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt
 from . import DEFAULT_WARMUP_TOKENS
-from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, GuardMiddleware, HostCheck
@@ -169,7 +168,7 @@ def create_app(
     install_error_handlers(app)
     # Without keys nothing but the Host header tells a local client from a web page that rebinds
     # its own name to this address.
-    host_check = None if keys else HostCheck(ip_literals=not _is_loopback(config.host))
+    host_check = None if keys else HostCheck(ip_literals=not is_loopback_host(config.host))
     app.add_middleware(
         GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None, host_check=host_check
     )
@@ -202,15 +201,6 @@ def create_app(
         )
 
     return app
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:

@@ -14,6 +14,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,7 +23,15 @@ from ..errors import InvalidRequestError
 from ..validation import check_float, check_int
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "DEFAULT_MAX_TOKENS", "ENV_PREFIX", "LOG_LEVELS", "STRATEGIES", "ServerConfig"]
+__all__ = [
+    "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_TOKENS",
+    "ENV_PREFIX",
+    "LOG_LEVELS",
+    "STRATEGIES",
+    "ServerConfig",
+    "is_loopback_host",
+]
 
 #: Largest request body accepted (413 above it): ample for prompts at any context we serve.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -184,6 +193,16 @@ class ServerConfig:
 
 
 _NO_KEY = "give a key, or unset the variable to serve without authentication"
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a bind address or host name is loopback: ``localhost``, 127.0.0.0/8 or ``::1``."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _check_names(values: Mapping[str, Any]) -> None:
