@@ -289,3 +289,29 @@ def test_no_keyless_warning_for_a_loopback_bind_other_than_127_0_0_1(tmp_path: A
             proc.wait(timeout=5)
     text = log.read_text(errors="replace")
     assert "without an API key" not in text, text
+
+
+LAX_VALUES = {
+    "extension switch as a word": (_chat("Hi", specprefill={"enabled": "no"}), "specprefill.enabled"),
+    "extension number as a string": (_chat("Hi", specprefill={"look_ahead": "4"}), "specprefill.look_ahead"),
+    "extension number as a bool": (_chat("Hi", specprefill={"sink": True}), "specprefill.sink"),
+    "max_tokens as a bool": ({**_chat("Hi"), "max_tokens": True}, "max_tokens"),
+    "seed as a string": (_chat("Hi", seed="7"), "seed"),
+    "stream as a word": (_chat("Hi", stream="yes"), "stream"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LAX_VALUES))
+def test_numbers_and_switches_of_another_type_are_refused_not_guessed(url: str, case: str) -> None:
+    body, field = LAX_VALUES[case]
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    assert response.status_code == 422, response.text  # the server's answer to a schema violation
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == field, error
+
+
+def test_strict_fields_still_take_what_json_clients_send(url: str) -> None:
+    # an integer where a float is expected is a number all the same
+    body = _chat("Say hi.", temperature=0, top_p=1, specprefill={"keep_rate": 1, "enabled": True})
+    response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300)
+    assert response.status_code == 200, response.text

@@ -93,9 +93,12 @@ class _Lenient(BaseModel):
 class SpecPrefillOptions(_Strict):
     """Per-request control of speculative prefill (the ``specprefill`` object of a request body).
 
+    Types are strict: ``"enabled": "no"`` or ``"look_ahead": true`` is a 400, not a guess.
     Unset fields keep the server's policy. ``prompt_token_ids`` + ``position_ids`` send a prompt
     that is already compressed: it is prefilled exactly at those positions, without scoring.
     """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     enabled: bool = Field(True, description="False: dense prefill of the whole prompt, no draft model.")
     policy: Text | None = Field(
@@ -254,15 +257,16 @@ class StreamOptions(_Lenient):
 
 class _SamplingFields(_Lenient):
     model: Text | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
-    max_tokens: int | None = Field(None, ge=1, description="Tokens to generate (default 256).")
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    # Numbers and switches are strict, as OpenAI's API is: `"max_tokens": true` is a 400, not 1.
+    max_tokens: int | None = Field(None, ge=1, strict=True, description="Tokens to generate (default 256).")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, strict=True)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, strict=True)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
         None, description="A stop string or up to 4 of them."
     )
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    n: int | None = Field(None, ge=1, le=1, description="Only 1 is served.")
-    stream: bool = False
+    seed: int | None = Field(None, ge=0, le=2**63 - 1, strict=True)
+    n: int | None = Field(None, ge=1, le=1, strict=True, description="Only 1 is served.")
+    stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     user: Text | None = None
     specprefill: SpecPrefillOptions | None = Field(
@@ -279,7 +283,7 @@ class ChatCompletionRequest(_SamplingFields):
         max_length=4096,
         description="The conversation (required unless specprefill.prompt_token_ids is given).",
     )
-    max_completion_tokens: int | None = Field(None, ge=1, description="Alias of max_tokens.")
+    max_completion_tokens: int | None = Field(None, ge=1, strict=True, description="Alias of max_tokens.")
     logprobs: Literal[False] | None = Field(None, description="Not served: only false or absent.")
     tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
         None, description="Not served: only absent or empty."
