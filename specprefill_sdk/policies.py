@@ -499,11 +499,12 @@ def load_pipeline(
         tracer_provider, meter_provider: OpenTelemetry providers for the pipeline.
         execution: how the transformers backend and a draft-attention scorer run their passes
             (`ExecutionSettings`, e.g. ``ExecutionSettings(compile=True)``); None: the defaults.
-            A deployment setting, not part of a policy.
+            A deployment setting, not part of a policy; refused when backend and scorer are both given.
         overrides: `Policy.with_overrides` keys, e.g. ``keep_rate=0.2``.
 
     Raises:
         PolicyError: unknown policy or override, or a bad value.
+        InvalidRequestError: ``execution`` given where nothing built here reads it.
         ModelLoadError: a model cannot be found or loaded.
     """
     from .models import LoadedModel, load_model
@@ -511,6 +512,11 @@ def load_pipeline(
 
     pol = policy if isinstance(policy, Policy) else load_policy(policy)
     pol = pol.with_overrides(**overrides)
+    if execution is not None and backend is not None and scorer is not None:
+        # Only a backend or a draft-attention scorer built here reads it.
+        raise InvalidRequestError(
+            "execution has no effect here: both the backend and the scorer are given", param="execution"
+        )
     selector = pol.build_selector()
     if backend is None:
         from .backends import TransformersBackend

@@ -357,3 +357,19 @@ def test_the_dense_below_switch_has_one_name_and_still_reads_its_earlier_one(tmp
         load_policy(path)
     with pytest.raises(PolicyError, match="not both"):
         paper.with_overrides(min_prompt_tokens=1, dense_below_tokens=1)
+
+
+def test_load_pipeline_refuses_execution_settings_nothing_built_reads(smollm) -> None:
+    from specprefill_sdk import ExecutionSettings, InvalidRequestError
+    from specprefill_sdk.backends import TransformersBackend
+    from specprefill_sdk.policies import load_pipeline
+    from specprefill_sdk.scoring import RecencyScorer
+
+    backend = TransformersBackend(smollm)
+    execution = ExecutionSettings(compile=True)
+    with pytest.raises(InvalidRequestError, match="both the backend and the scorer are given") as info:
+        load_pipeline("paper", backend=backend, scorer=RecencyScorer(), execution=execution)
+    assert info.value.param == "execution"
+    # a draft-attention scorer built here takes it
+    pipe = load_pipeline("paper", backend=backend, execution=execution)
+    assert pipe.scorer.execution is execution  # type: ignore[attr-defined]
