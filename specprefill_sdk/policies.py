@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidRequestError, PolicyError
 from .interfaces import LocalBackend
+from .validation import check_known
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -275,13 +276,7 @@ class Policy(BaseModel):
             PolicyError: an unknown key (the message lists the valid ones) or a bad value.
         """
         fields = _renamed(fields, "")
-        unknown = sorted(set(fields) - set(_OVERRIDES))
-        if unknown:
-            raise PolicyError(
-                f"unknown policy override{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-                f"valid overrides: {', '.join(OVERRIDE_KEYS)}",
-                param=unknown[0],
-            )
+        check_known(fields, OVERRIDE_KEYS, "policy override", "overrides", error=PolicyError)
         given = {k: v for k, v in fields.items() if v is not None}
         if not given:
             return self

@@ -13,10 +13,11 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 from .errors import InvalidRequestError
 
-__all__ = ["check_float", "check_int", "check_rate"]
+__all__ = ["check_float", "check_int", "check_known", "check_rate"]
 
 
 def check_rate(value: object, what: str, *, param: str, allow_zero: bool = False) -> float:
@@ -44,3 +45,21 @@ def check_float(value: object, what: str, *, param: str, minimum: float = 0.0, i
     if value < minimum or (value == minimum and not inclusive):
         raise InvalidRequestError(f"{what} must be a finite number {bound}, got {value!r}", param=param)
     return float(value)
+
+
+def check_known(
+    names: Iterable[str],
+    known: Sequence[str],
+    what: str,
+    valid: str,
+    *,
+    error: type[InvalidRequestError] = InvalidRequestError,
+) -> None:
+    """Refuse names outside ``known``: the message names the unknown ones (``what``) and lists ``valid`` ones."""
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise error(
+            f"unknown {what}{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+            f"valid {valid}: {', '.join(known)}",
+            param=unknown[0],
+        )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import InvalidRequestError
-from ..validation import check_float, check_int
+from ..validation import check_float, check_int, check_known
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
 
 __all__ = [
@@ -206,14 +206,7 @@ def is_loopback_host(host: str) -> bool:
 
 
 def _check_names(values: Mapping[str, Any]) -> None:
-    known = [f.name for f in dataclasses.fields(ServerConfig)]
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise InvalidRequestError(
-            f"unknown server setting{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
-            f"valid settings: {', '.join(known)}",
-            param=unknown[0],
-        )
+    check_known(values, [f.name for f in dataclasses.fields(ServerConfig)], "server setting", "settings")
 
 
 def _from_text(text: str, kind: str, name: str) -> Any:
