@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -66,10 +67,19 @@ def assert_one_line_error(result: subprocess.CompletedProcess[str], *fragments: 
         (("run", "--prompt", "hi", "--dtype", "int3"), ("unknown dtype 'int3'",)),
         (("frobnicate",), ("invalid choice",)),
         (("policies", "fastest"), ("unknown policy",)),
+        (("serve", "--max-model-len", "4096"), ("--max-model-len: vLLM engine options", "--engine vllm")),
+        (("serve", "--engine", "vllm", "--gpu-memory-utilization", "1.5"), ("--gpu-memory-utilization", "(0, 1]")),
     ],
 )
 def test_bad_arguments_give_one_error_line(args: tuple[str, ...], fragments: tuple[str, ...]) -> None:
     assert_one_line_error(cli(*args), *fragments)
+
+
+def test_the_vllm_engine_without_vllm_says_what_to_install() -> None:
+    pytest.importorskip("torch")
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    assert_one_line_error(cli("serve", "--engine", "vllm", "--port", "0"), "vLLM is not installed", "[vllm]")
 
 
 def test_non_utf8_prompt_file(tmp_path: Path) -> None:

@@ -126,3 +126,94 @@ def test_the_wire_name_of_the_dense_below_switch_reaches_the_policy() -> None:
 
     overrides = SpecPrefillOptions(min_prompt_tokens=64).overrides()
     assert load_policy("paper").with_overrides(**overrides).selector.dense_below_tokens == 64
+
+
+# ------------------------------------------------------------------------------------------ engines
+def test_the_vllm_engine_takes_engine_options_and_batches_many_requests_by_default() -> None:
+    config = ServerConfig(engine="vllm", engine_args={"max_model_len": 32768, "enforce_eager": True})
+    assert config.engine_options == {"enforce_eager": True, "max_model_len": 32768}
+    assert config.max_concurrency == 256  # vLLM batches what its scheduler admits
+    assert ServerConfig().max_concurrency == 1  # the transformers backend decodes one request at a time
+    assert ServerConfig(engine="vllm", engine_args={"max_num_seqs": 48}).max_concurrency == 48
+    assert ServerConfig(engine="vllm", max_concurrency=8).max_concurrency == 8
+    # pairs and mappings describe the same configuration
+    assert ServerConfig(engine="vllm", engine_args=(("enforce_eager", True), ("max_model_len", 32768))) == config
+
+
+@pytest.mark.parametrize(
+    ("settings", "fragment"),
+    [
+        ({"engine": "tgi"}, "engine must be one of transformers, vllm"),
+        ({"engine_args": {"max_model_len": 4096}}, "need engine='vllm'"),
+        ({"engine": "vllm", "engine_args": {"dtype": "half"}}, "give dtype instead"),
+        ({"engine": "vllm", "engine_args": {"model": "x"}}, "server setting here"),
+        ({"engine": "vllm", "engine_args": {"max-model-len": 1}}, "identifier"),
+        ({"engine": "vllm", "engine_args": {"max_num_seqs": 0}}, "max_num_seqs"),
+        ({"engine": "vllm", "engine_args": {"hf_overrides": object()}}, "plain value"),
+        ({"engine": "vllm", "engine_args": [1, 2]}, "mapping of option names"),
+    ],
+)
+def test_bad_engine_settings_are_refused(settings: dict[str, object], fragment: str) -> None:
+    with pytest.raises(InvalidRequestError, match=fragment):
+        ServerConfig(**settings)  # type: ignore[arg-type]
+
+
+def test_the_engine_and_its_options_come_from_the_environment() -> None:
+    config = ServerConfig.from_env(
+        {"SPECPREFILL_ENGINE": "vllm", "SPECPREFILL_ENGINE_ARGS": '{"max_model_len": 4096, "enforce_eager": true}'}
+    )
+    assert (config.engine, config.engine_options) == ("vllm", {"enforce_eager": True, "max_model_len": 4096})
+    with pytest.raises(InvalidRequestError, match="SPECPREFILL_ENGINE_ARGS must be a JSON object"):
+        ServerConfig.from_env({"SPECPREFILL_ENGINE": "vllm", "SPECPREFILL_ENGINE_ARGS": "[1]"})
+
+
+def test_serve_passes_vllm_options_through_under_their_vllm_names() -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    args = _parse(
+        "--engine", "vllm", "--max-model-len", "32768", "--gpu-memory-utilization", "0.8", "--enforce-eager",
+        "--no-enable-prefix-caching", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
+        "--engine-arg", "swap_space=8", "--engine-arg", "hf_overrides={\"rope_theta\": 1e6}",
+        "--engine-arg", "kv_cache_dtype=fp8",
+    )  # fmt: skip
+    config = config_from_args(args, environ={})
+    assert config.engine_options == {
+        "enable_prefix_caching": False,
+        "enforce_eager": True,
+        "gpu_memory_utilization": 0.8,
+        "hf_overrides": {"rope_theta": 1e6},
+        "kv_cache_dtype": "fp8",
+        "max_model_len": 32768,
+        "max_num_seqs": 64,
+        "swap_space": 8,
+        "tensor_parallel_size": 2,
+    }
+    assert config.max_concurrency == 64
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (("--max-model-len", "4096"), "--max-model-len: vLLM engine options, which need --engine vllm"),
+        (("--engine-arg", "swap_space=8"), "need --engine vllm"),
+        (("--engine", "vllm", "--engine-arg", "swap_space"), "NAME=VALUE"),
+        (("--engine", "vllm", "--max-model-len", "9", "--engine-arg", "max_model_len=8"), "given twice"),
+    ],
+)
+def test_serve_refuses_vllm_options_it_cannot_use(argv: tuple[str, ...], fragment: str) -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    with pytest.raises(InvalidRequestError, match=fragment):
+        config_from_args(_parse(*argv), environ={})
+
+
+def test_create_app_refuses_a_device_for_the_vllm_engine_and_engine_options_beside_a_backend(smollm) -> None:
+    from specprefill_sdk.backends import TransformersBackend
+    from specprefill_sdk.server import create_app
+
+    tiny_backend = TransformersBackend(smollm)
+
+    with pytest.raises(InvalidRequestError, match="device='cpu' places the transformers engine's models"):
+        create_app(ServerConfig(engine="vllm", device="cpu"))
+    with pytest.raises(InvalidRequestError, match="it was given a backend"):
+        create_app(ServerConfig(engine="vllm", engine_args={"max_model_len": 64}), backend=tiny_backend)

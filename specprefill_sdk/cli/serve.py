@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -15,10 +16,17 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from ..server import DEFAULT_WARMUP_TOKENS
-from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig, is_loopback_host
+from ..server.config import (
+    DEFAULT_MAX_BODY_BYTES,
+    ENGINES,
+    LOG_LEVELS,
+    STRATEGIES,
+    ServerConfig,
+    is_loopback_host,
+)
 from ._args import add_model_options, non_negative_int, positive_int, positive_number
 
-__all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "config_from_args", "main"]
+__all__ = ["API_KEY_ENV", "VLLM_OPTIONS", "add_arguments", "api_keys", "config_from_args", "engine_args", "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -86,8 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-concurrency",
         type=positive_int,
-        default=_D.max_concurrency,
-        help=f"requests doing model work at once (default: {_D.max_concurrency})",
+        default=None,
+        help="requests doing model work at once (default: 1 with --engine transformers; with --engine vllm, "
+        "--max-num-seqs or 256)",
     )
     parser.add_argument(
         "--max-queue",
@@ -137,6 +146,87 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=LOG_LEVELS,
         help="server log level (default: info)",
     )
+    parser.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default=_D.engine,
+        help="where the target runs: transformers (this process) or vllm (vLLM's engine: continuous batching, "
+        "chunked prefill, prefix caching, CUDA graphs; needs the vllm extra and a GPU) (default: transformers)",
+    )
+    vllm = parser.add_argument_group(
+        "vLLM engine (with --engine vllm; the names and meanings of `vllm serve`'s options)",
+    )
+    for flag, kind, text in VLLM_OPTIONS:
+        if kind is bool:
+            vllm.add_argument(flag, action="store_true", default=None, help=text)
+        else:
+            vllm.add_argument(flag, type=kind, default=None, help=text)
+    vllm.add_argument(
+        "--engine-arg",
+        action="append",
+        default=None,
+        metavar="NAME=VALUE",
+        help="any other vLLM engine option (vllm.EngineArgs name; VALUE read as JSON, else as text), e.g. "
+        "--engine-arg swap_space=8; repeatable",
+    )
+
+
+def _fraction(text: str) -> float:
+    value = positive_number(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
+
+
+#: The vLLM engine options ``serve`` names, as ``vllm serve`` spells them: (flag, type, help).
+VLLM_OPTIONS: tuple[tuple[str, Any, str], ...] = (
+    ("--tensor-parallel-size", positive_int, "GPUs the target is split over (vLLM's; default 1)"),
+    ("--max-model-len", positive_int, "context length of the engine (default: the model's)"),
+    (
+        "--gpu-memory-utilization",
+        _fraction,
+        "vLLM's share of each GPU's memory (default: planned to leave --draft-memory-gib free for the draft)",
+    ),
+    ("--max-num-seqs", positive_int, "requests vLLM runs at once (vLLM's default)"),
+    ("--max-num-batched-tokens", positive_int, "tokens per engine step, the chunked-prefill size (vLLM's default)"),
+    ("--enforce-eager", bool, "no CUDA graphs or torch.compile in the target (faster start, slower steps)"),
+    ("--load-format", str, "vLLM's weight format: auto, safetensors, ... or dummy (random weights, for benchmarks)"),
+    ("--no-enable-prefix-caching", bool, "turn vLLM's prefix caching off (compressed requests are salted by layout)"),
+    ("--draft-device", str, "where the draft scores: auto (a spare GPU, else beside rank 0), cuda:N (default: auto)"),
+    ("--draft-memory-gib", positive_number, "GPU memory left to the draft beside rank 0 (default: 8)"),
+)
+
+
+def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The vLLM engine options among ``args`` (named options and ``--engine-arg`` pairs).
+
+    Raises:
+        InvalidRequestError: an option without ``--engine vllm``, or a malformed ``--engine-arg``.
+    """
+    values: dict[str, Any] = {}
+    for flag, _kind, _text in VLLM_OPTIONS:
+        dest = flag.lstrip("-").replace("-", "_")
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if dest == "no_enable_prefix_caching":
+            dest, value = "enable_prefix_caching", False
+        values[dest] = value
+    for item in getattr(args, "engine_arg", None) or []:
+        name, sep, text = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or not name:
+            raise InvalidRequestError(f"--engine-arg takes NAME=VALUE, got {item!r}", param="engine_args")
+        if name in values:
+            raise InvalidRequestError(f"vLLM option {name!r} is given twice", param=f"engine_args.{name}")
+        try:
+            values[name] = json.loads(text)
+        except ValueError:
+            values[name] = text
+    if values and args.engine != "vllm":
+        names = ", ".join("--" + k.replace("_", "-") for k in values)
+        raise InvalidRequestError(f"{names}: vLLM engine options, which need --engine vllm", param="engine")
+    return values
 
 
 def _configure_telemetry(kind: str) -> tuple[Any, Any]:
@@ -180,6 +270,8 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         host=args.host,
         port=args.port,
         log_level=args.log_level,
+        engine=args.engine,
+        engine_args=tuple(sorted(engine_args(args).items())),
     )
 
 

@@ -126,12 +126,18 @@ def create_app(
     """
     config = _config(config, settings)
     execution = ExecutionSettings(compile=True) if config.compile else None
+    draft_device = config.device
+    owned: Backend | None = None  # a backend loaded here is closed here, at shutdown
     if backend is None:
-        from ..backends.transformers import TransformersBackend
-
-        backend = TransformersBackend(config.model, device=config.device, dtype=config.dtype, execution=execution)
+        backend, draft_device = _load_backend(config, execution)
+        owned = backend
+    elif config.engine_args:
+        raise InvalidRequestError(
+            "engine_args configure the vLLM engine that create_app builds; it was given a backend",
+            param="engine_args",
+        )
     if scorer is None:
-        scorer = _default_scorer(backend, config, execution)
+        scorer = _default_scorer(backend, config, execution, draft_device)
     engine = ServingEngine(
         backend, scorer, config=config, tracer_provider=tracer_provider, meter_provider=meter_provider
     )
@@ -156,6 +162,9 @@ def create_app(
             with contextlib.suppress(asyncio.CancelledError):
                 await sweeper
             engine.shutdown()
+            close = getattr(owned, "close", None)  # vLLM's engine processes and GPU memory
+            if close is not None:
+                close()
 
     app = FastAPI(
         title="specprefill-sdk server",
@@ -222,7 +231,29 @@ async def _sweep_conversations(engine: ServingEngine) -> None:
         engine.conversations.sweep()
 
 
-def _default_scorer(backend: Backend, config: ServerConfig, execution: ExecutionSettings | None) -> Scorer:
+def _load_backend(config: ServerConfig, execution: ExecutionSettings | None) -> tuple[Backend, str]:
+    """The target ``config.engine`` names, and the device the draft should load on."""
+    if config.engine == "transformers":
+        from ..backends.transformers import TransformersBackend
+
+        backend = TransformersBackend(config.model, device=config.device, dtype=config.dtype, execution=execution)
+        return backend, config.device
+    if config.device != "auto":
+        raise InvalidRequestError(
+            f"device={config.device!r} places the transformers engine's models; with engine='vllm' vLLM places "
+            "the target and engine_args' draft_device the draft",
+            param="device",
+        )
+    from ..backends.vllm import VLLMBackend
+
+    options = config.engine_options
+    vllm_backend = VLLMBackend(config.model, dtype=config.dtype, **options)
+    return vllm_backend, vllm_backend.draft_device
+
+
+def _default_scorer(
+    backend: Backend, config: ServerConfig, execution: ExecutionSettings | None, device: str = "auto"
+) -> Scorer:
     """The process's draft scorer: the default policy's, on the draft model (the target's by default)."""
     from ..policies import load_pipeline
 
@@ -231,7 +262,7 @@ def _default_scorer(backend: Backend, config: ServerConfig, execution: Execution
         model=config.model,
         draft=config.draft,
         backend=backend,
-        device=config.device,
+        device=device,
         dtype=config.dtype,
         execution=execution,
     )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,8 +25,10 @@ from ..validation import check_float, check_int, check_known
 from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TTL
 
 __all__ = [
+    "DEFAULT_CONCURRENCY",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_TOKENS",
+    "ENGINES",
     "ENV_PREFIX",
     "LOG_LEVELS",
     "STRATEGIES",
@@ -43,6 +46,11 @@ ENV_PREFIX = "SPECPREFILL_"
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 #: `Conversation`'s strategies, restated so that reading a configuration loads no model code.
 STRATEGIES = ("recompute", "incremental", "refresh")
+#: Where the target runs: in this process with transformers, or in vLLM's engine.
+ENGINES = ("transformers", "vllm")
+#: ``max_concurrency`` when none is given, per engine: the transformers backend decodes one request
+#: at a time, vLLM batches as many requests as its scheduler admits (its own ``max_num_seqs``).
+DEFAULT_CONCURRENCY = {"transformers": 1, "vllm": 256}
 
 
 @dataclass(frozen=True)
@@ -60,7 +68,8 @@ class ServerConfig:
             only the conversations started with it.
         max_prompt_tokens: longer prompts get 413 (None: the model's context).
         max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
-        max_concurrency: requests doing model work at once (worker threads).
+        max_concurrency: requests doing model work at once (worker threads); None: the engine's
+            default (`DEFAULT_CONCURRENCY`: 1 for transformers, vLLM's ``max_num_seqs`` or 256 for vLLM).
         max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
         max_body_bytes: larger request bodies get 413.
         default_max_tokens: ``max_tokens`` of a request that names none.
@@ -76,6 +85,13 @@ class ServerConfig:
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
+        engine: ``"transformers"`` (the target in this process) or ``"vllm"`` (the target in vLLM's
+            engine, continuous batching; the draft on the GPU in this process; see docs/vllm.md).
+        engine_args: vLLM engine options (`vllm.EngineArgs` names: ``max_model_len``,
+            ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs``, ``enforce_eager``,
+            ``load_format``, ...), passed through to vLLM, plus `VLLMBackend`'s own ``draft_device`` and
+            ``draft_memory_gib``; only with ``engine="vllm"``. Stored as sorted ``(name, value)`` pairs;
+            `engine_options` gives them as a dict.
     """
 
     model: str = "smollm2-135m"
@@ -84,7 +100,7 @@ class ServerConfig:
     api_keys: tuple[str, ...] = field(default=())
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None
-    max_concurrency: int = 1
+    max_concurrency: int | None = None
     max_queue: int = 16
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     default_max_tokens: int = DEFAULT_MAX_TOKENS
@@ -99,8 +115,20 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    engine: str = "transformers"
+    engine_args: tuple[tuple[str, Any], ...] = field(default=())
 
     def __post_init__(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidRequestError(
+                f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}", param="engine"
+            )
+        object.__setattr__(self, "engine_args", _engine_args(self.engine_args, self.engine))
+        if self.max_concurrency is None:
+            default = DEFAULT_CONCURRENCY[self.engine]
+            if self.engine == "vllm":
+                default = self.engine_options.get("max_num_seqs", default)
+            object.__setattr__(self, "max_concurrency", default)
         for name in ("model", "policy", "device", "dtype", "host"):
             _check_text(getattr(self, name), name)
         for name in ("draft", "served_model_name"):
@@ -186,6 +214,11 @@ class ServerConfig:
                     raise InvalidRequestError(f"{name} is set but holds no key: {_NO_KEY}", param=name)
         return cls(**values)
 
+    @property
+    def engine_options(self) -> dict[str, Any]:
+        """`engine_args` as a dict (vLLM's keyword arguments)."""
+        return dict(self.engine_args)
+
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some settings changed (validated again)."""
         _check_names(changes)
@@ -203,6 +236,50 @@ def is_loopback_host(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def _engine_args(given: Any, engine: str) -> tuple[tuple[str, Any], ...]:
+    """``given`` (a mapping or ``(name, value)`` pairs) as sorted pairs of JSON values, checked."""
+    if isinstance(given, Mapping):
+        pairs = list(given.items())
+    elif isinstance(given, tuple | list) and all(isinstance(p, tuple | list) and len(p) == 2 for p in given):
+        pairs = [tuple(p) for p in given]
+    else:
+        raise InvalidRequestError(
+            f"engine_args must be a mapping of option names to values, got {given!r}", param="engine_args"
+        )
+    if pairs and engine != "vllm":
+        raise InvalidRequestError(
+            f"engine_args ({', '.join(str(k) for k, _ in pairs)}) are vLLM engine options: they need engine='vllm'",
+            param="engine_args",
+        )
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise InvalidRequestError(
+                f"an engine option's name must be an identifier, got {name!r}", param="engine_args"
+            )
+        if name in _SERVER_OWNED:
+            raise InvalidRequestError(
+                f"engine option {name!r} is a server setting here: give {_SERVER_OWNED[name]} instead",
+                param=f"engine_args.{name}",
+            )
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            raise InvalidRequestError(
+                f"engine option {name!r} must be a plain value (number, string, switch, list or mapping), "
+                f"got {value!r}",
+                param=f"engine_args.{name}",
+            ) from None
+        out[name] = value
+    if "max_num_seqs" in out:
+        check_int(out["max_num_seqs"], "max_num_seqs", param="engine_args.max_num_seqs", minimum=1)
+    return tuple(sorted(out.items()))
+
+
+#: vLLM options that the server sets from its own settings, so that each has one name.
+_SERVER_OWNED = {"model": "model", "dtype": "dtype", "served_model_name": "served_model_name", "tokenizer": "model"}
 
 
 def _check_names(values: Mapping[str, Any]) -> None:
@@ -228,6 +305,14 @@ def _from_text(text: str, kind: str, name: str) -> Any:
         if text.lower() in ("0", "false", "no", "off", ""):
             return False
         raise InvalidRequestError(f"{name} must be true or false, got {text!r}", param=name)
+    if base.startswith("tuple[tuple"):  # engine_args: a JSON object
+        try:
+            value = json.loads(text or "{}")
+        except ValueError as exc:
+            raise InvalidRequestError(f"{name} must be a JSON object, got {text!r}: {exc}", param=name) from None
+        if not isinstance(value, dict):
+            raise InvalidRequestError(f"{name} must be a JSON object, got {text!r}", param=name)
+        return value
     if base.startswith("tuple"):
         return tuple(k.strip() for k in text.split(",") if k.strip())
     return text

@@ -213,6 +213,7 @@ class ServingEngine:
         config = config or ServerConfig()
         policy = config.policy
         max_concurrency = config.max_concurrency
+        assert max_concurrency is not None  # ServerConfig resolves None to its engine's default
         self.backend = backend
         self.config = config
         self.default_policy = policy

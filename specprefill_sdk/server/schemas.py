@@ -265,6 +265,9 @@ class _SamplingFields(_Lenient):
         None, description="A stop string or up to 4 of them."
     )
     seed: int | None = Field(None, ge=0, le=2**63 - 1, strict=True)
+    repetition_penalty: float | None = Field(
+        None, ge=1.0, le=1.0, description="vLLM's extension: only 1.0 (no penalty) is served."
+    )
     n: int | None = Field(None, ge=1, le=1, strict=True, description="Only 1 is served.")
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
