@@ -109,6 +109,47 @@ def test_a_ttft_row_takes_medians_and_the_ceiling_of_the_same_runs():
     assert row["share_of_ceiling"] == round((125 / 42) / (125 / 41), 3) and row["reps"] == 3 and row["kept"] == 100
 
 
+def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the_service_level(tmp_path):
+    module = _script("vllm_serve_gpu")
+
+    def row(rate: float, p90: float) -> dict[str, Any]:
+        return {"rate": rate, "prompts": 12, "median_ttft_ms": p90 / 2, "p90_ttft_ms": p90, "within_slo": p90 <= 2400}
+
+    # a rate that met the level above one that missed it does not count: the level was already lost
+    assert module.max_rate_within([row(0.25, 1900), row(0.4, 3000), row(0.6, 2300)]) == 0.25
+    assert module.max_rate_within([row(1.5, 1500), row(0.75, 600)]) == 1.5  # in rate order, not run order
+    assert module.max_rate_within([row(0.2, 2500)]) is None
+    results = {
+        "stages": {
+            "correctness": {
+                "model": "m",
+                "checks": [{"case": "pre-compressed #0", "equal": False, "first_divergence": 3}],
+            },
+            "sweep_llama": {
+                "target": "t",
+                "draft": "d",
+                "lengths": {
+                    "32768": {
+                        "vanilla_unloaded": {"median_ttft_ms": 1200},
+                        "slo_p90_ttft_ms": 2400,
+                        "vanilla": [row(0.25, 1900)],
+                        "ours": [row(0.75, 600), row(1.5, 1500)],
+                        "max_rate_vanilla": 0.25,
+                        "max_rate_ours": 1.5,
+                        "rate_ratio": 6.0,
+                    }
+                },
+            },
+        }
+    }
+    text = module.render(results)
+    assert "| pre-compressed #0 | no | 3 |" in text
+    assert "| 32,768 | 1,200 ms | 2,400 ms |" in text and "| 0.25 | 1.50 | 6.00x |" in text
+    assert text.count("| 32,768 | ours |") == 2
+    module.plot(results, tmp_path / "sweep.png")
+    assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
 def test_warmup_check_mode_times_a_cold_and_a_warm_server(tmp_path):
     _run("warmup_gpu.py", "--tiny", "--out", str(tmp_path))
     result = json.loads((tmp_path / "warmup_gpu_h200.json").read_text())

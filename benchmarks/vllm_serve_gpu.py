@@ -1,0 +1,704 @@
+"""`specprefill serve --engine vllm` against vanilla `vllm serve` on one GPU, measured by `vllm bench serve`.
+
+Stages (each writes ``<out>/vllm_serve_gpu.json`` as soon as it ends; ``--render`` rewrites the
+markdown and the plot from that JSON):
+
+correctness  a small random-weight Llama served twice, by ``specprefill serve --engine vllm`` and by
+             vanilla ``vllm serve`` (CUDA graphs and torch.compile in both): greedy tokens through the
+             served engine against `TransformersBackend` for the same prompt and selection (the
+             server's own selection, and a pre-compressed prompt), streamed and not, again while 16
+             other streams run; and ``specprefill.enabled: false`` against vanilla ``vllm serve``.
+sweep        one pair (``--pair llama``: Llama-3.1-8B architecture target, Llama-3.2-1B architecture
+             draft; ``--pair qwen``: Qwen2.5-32B / Qwen2.5-0.5B), random weights (``--load-format
+             dummy`` for the target, a saved random draft), the same engine options for both servers.
+             For each prompt length: vanilla's unloaded TTFT (one request at a time) sets the service
+             level (p90 TTFT at most twice it); then ``vllm bench serve`` (random token prompts, 128
+             output tokens, ``--ignore-eos``, Poisson arrivals) runs a rising request-rate sweep
+             against each server until p90 TTFT passes the service level; a probe of our server
+             gives draft scoring and kept-prefill times, hence the TTFT ceiling of the same run.
+
+Run on the GPU machine with vLLM importable (see docs/vllm.md)::
+
+    python benchmarks/vllm_serve_gpu.py --out results/ --tokenizer path/to/tokenizer --stages correctness,sweep
+    python benchmarks/vllm_serve_gpu.py --render results/vllm_serve_gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+logger = logging.getLogger("vllm_serve_gpu")
+START = time.monotonic()
+RESULTS: dict[str, Any] = {"stages": {}}
+NAME = "vllm_serve_gpu"
+MODELS = Path("/tmp/models")
+#: Engine options both servers get (a fair comparison: same memory, same scheduler limits).
+ENGINE = ["--gpu-memory-utilization", "0.80", "--seed", "0"]
+
+
+def elapsed() -> float:
+    return time.monotonic() - START
+
+
+def save(out: Path) -> None:
+    (out / f"{NAME}.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+    try:
+        (out / f"{NAME}.md").write_text(render(RESULTS))
+        plot(RESULTS, out / f"{NAME}.png")
+    except Exception:  # the JSON is what matters; the rest can be rendered again
+        logger.exception("cannot render")
+
+
+# ----------------------------------------------------------------------------------------- servers
+def http(method: str, url: str, body: dict[str, Any] | None = None, timeout: float = 120.0) -> tuple[int, Any]:
+    import httpx
+
+    try:
+        response = httpx.request(method, url, json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        return 0, str(exc)
+    try:
+        return response.status_code, response.json()
+    except ValueError:
+        return response.status_code, response.text
+
+
+class Server:
+    """A server process on 127.0.0.1, its log in ``<out>/<name>_log.txt``."""
+
+    def __init__(self, name: str, cmd: list[str], port: int, out: Path, env: dict[str, str] | None = None) -> None:
+        self.name, self.cmd, self.port = name, cmd, port
+        self.base = f"http://127.0.0.1:{port}"
+        self.log_path = out / f"{NAME}_{name}_log.txt"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (open for the process's life)
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}, start_new_session=True
+        )
+        self.startup_s: float | None = None
+
+    def wait(self, timeout: float = 420.0) -> float:
+        while time.monotonic() - self.started < timeout:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}: {self.tail(1500)}")
+            if http("GET", self.base + "/health", timeout=5)[0] == 200:
+                self.startup_s = round(time.monotonic() - self.started, 1)
+                logger.info("%s healthy after %.1f s", self.name, self.startup_s)
+                return self.startup_s
+            time.sleep(2)
+        raise RuntimeError(f"{self.name} not healthy after {timeout:.0f} s: {self.tail(1500)}")
+
+    def tail(self, chars: int = 3000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+
+def vanilla_cmd(model: Path, served: str, port: int, max_len: int, extra: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model), "--host", "127.0.0.1",
+        "--port", str(port), "--served-model-name", served, "--max-model-len", str(max_len), *ENGINE, *extra,
+    ]  # fmt: skip
+
+
+def ours_cmd(model: Path, draft: Path, served: str, port: int, max_len: int, extra: list[str]) -> list[str]:
+    return [
+        sys.executable, "-m", "specprefill_sdk", "serve", "--engine", "vllm", "--model", str(model),
+        "--draft", str(draft), "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", served, "--max-model-len", str(max_len), "--max-queue", "4096",
+        "--log-level", "warning", *ENGINE, *extra,
+    ]  # fmt: skip
+
+
+def free_gpu(share: float, timeout_s: float = 60.0) -> None:
+    """Wait until ``share`` of the GPU's memory is free (a stopped engine's processes exit late)."""
+    import torch
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        free, total = torch.cuda.mem_get_info(0)
+        if free / total >= share:
+            return
+        time.sleep(1)
+    logger.warning("only %.0f%% of the GPU is free", 100 * free / total)
+
+
+# ----------------------------------------------------------------------------------------- models
+def llama_dir(kind: str, tokenizer: Path, weights: bool) -> Path:
+    """A Llama-3.x-architecture folder (config + tokenizer), with saved random weights if ``weights``."""
+    import vllm_gpu as base
+
+    path = MODELS / f"llama-{kind}"
+    config = {**base.llama_config(kind), "vocab_size": 128256}
+    return _model_dir(path, config, tokenizer, weights)
+
+
+def qwen_dir(kind: str, tokenizer: Path, weights: bool) -> Path:
+    """A Qwen2.5-architecture folder (32B target or 0.5B draft)."""
+    common = {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "max_position_embeddings": 32768,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "use_sliding_window": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "dtype": "bfloat16",
+        "vocab_size": 152064 if kind == "32b" else 151936,
+    }
+    if kind == "32b":
+        common.update(
+            hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+            num_key_value_heads=8, tie_word_embeddings=False,
+        )  # fmt: skip
+    else:
+        common.update(
+            hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+            num_key_value_heads=2, tie_word_embeddings=True,
+        )  # fmt: skip
+    return _model_dir(MODELS / f"qwen-{kind}", common, tokenizer, weights)
+
+
+def _model_dir(path: Path, config: dict[str, Any], tokenizer: Path, weights: bool) -> Path:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    for f in tokenizer.iterdir():
+        shutil.copy(f, path / f.name)
+    if weights:
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(path)), dtype=torch.bfloat16)
+        model.save_pretrained(str(path))
+        del model
+        torch.cuda.empty_cache()
+    return path
+
+
+def random_ids(n: int, seed: int, high: int = 49152) -> list[int]:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(3, high, size=n).tolist()
+
+
+# ----------------------------------------------------------------------------------------- correctness
+def _first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare(case: str, got: list[int], want: list[int], **extra: Any) -> dict[str, Any]:
+    row = {"case": case, "equal": got == want, "first_divergence": _first_divergence(got, want), **extra}
+    logger.info("%s: %s", case, "equal" if row["equal"] else f"differs at {row['first_divergence']}")
+    return row
+
+
+def _complete(base: str, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    status, payload = http("POST", base + "/v1/completions", body)
+    if status != 200:
+        raise RuntimeError(f"{base}: status {status}: {str(payload)[:500]}")
+    choice = payload["choices"][0]
+    return [int(t) for t in choice.get("token_ids") or []], payload.get("usage") or {}
+
+
+def _stream(base: str, body: dict[str, Any]) -> list[int]:
+    import httpx
+
+    ids: list[int] = []
+    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=300) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{base}: stream status {response.status_code}: {response.read()[:500]!r}")
+        for line in response.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"stream error: {event}")
+                for choice in event.get("choices") or []:
+                    ids.extend(int(t) for t in choice.get("token_ids") or [])
+    return ids
+
+
+def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
+    import vllm_gpu as base
+
+    from specprefill_sdk.backends.transformers import TransformersBackend
+    from specprefill_sdk.policies import load_pipeline
+    from specprefill_sdk.types import Prompt, SamplingParams
+
+    path = base.make_model("llama", MODELS / "tiny-llama", tokenizer, seed=1)
+    max_len, tokens = 4096, 16
+    small = ["--gpu-memory-utilization", "0.12", "--seed", "0"]
+    ours = Server(
+        "correctness_ours",
+        [*ours_cmd(path, path, "tiny", 8401, max_len, [])[: -len(ENGINE)], *small],
+        8401,
+        out,
+    )
+    vanilla = Server(
+        "correctness_vanilla",
+        [*vanilla_cmd(path, "tiny", 8402, max_len, [])[: -len(ENGINE)], *small],
+        8402,
+        out,
+        env={"SPECPREFILL_VLLM_PLUGIN": "0"},
+    )
+    result: dict[str, Any] = {"model": "random-weight Llama (4 layers, 512 wide), bf16", "checks": []}
+    checks = result["checks"]
+    try:
+        target = TransformersBackend(str(path), device="cuda", dtype="bfloat16")
+        pipe = load_pipeline("paper", model=str(path), draft=str(path), backend=target, device="cuda", dtype="bfloat16")
+        params = SamplingParams(max_tokens=tokens)
+        prompts = [random_ids(n, seed=n) for n in (1500, 2200, 3000)]
+        reference = []
+        for ids in prompts:
+            compressed = pipe.compress(Prompt.from_token_ids(ids))
+            reference.append((compressed, list(target.generate(compressed, params).token_ids)))
+        result["startup_s"] = {"ours": ours.wait(), "vanilla": vanilla.wait()}
+        common = {"model": "tiny", "max_tokens": tokens, "temperature": 0}
+
+        def check_all(label: str) -> None:
+            for i, (ids, (compressed, want)) in enumerate(zip(prompts, reference, strict=True)):
+                body = {**common, "prompt": ids, "specprefill": {"return_token_ids": True}}
+                got, usage = _complete(ours.base, body)
+                kept = (usage.get("specprefill") or {}).get("kept_tokens")
+                checks.append(
+                    compare(
+                        f"{label}: server's selection #{i} vs transformers",
+                        got,
+                        want,
+                        kept=kept,
+                        reference_kept=compressed.kept,
+                    )
+                )
+                checks.append(compare(f"{label}: server's selection #{i}, streamed", _stream(ours.base, body), want))
+                pre = {
+                    **common,
+                    "specprefill": {
+                        "prompt_token_ids": list(compressed.token_ids),
+                        "position_ids": list(compressed.position_ids),
+                        "prompt_length": compressed.n,
+                        "return_token_ids": True,
+                    },
+                }
+                checks.append(
+                    compare(f"{label}: pre-compressed #{i} vs transformers", _complete(ours.base, pre)[0], want)
+                )
+                checks.append(compare(f"{label}: pre-compressed #{i}, streamed", _stream(ours.base, pre), want))
+
+        check_all("alone")
+        stop = threading.Event()
+        background_errors: list[str] = []
+
+        def background(k: int) -> None:
+            body = {**common, "prompt": random_ids(2000, seed=100 + k), "max_tokens": 400, "ignore_eos": True}
+            while not stop.is_set():
+                try:
+                    _stream(ours.base, body)
+                except Exception as exc:  # recorded, and the check fails below
+                    background_errors.append(repr(exc))
+                    return
+
+        threads = [threading.Thread(target=background, args=(k,), daemon=True) for k in range(16)]
+        for t in threads:
+            t.start()
+        time.sleep(3)
+        _status, health = http("GET", ours.base + "/health")
+        result["health_under_load"] = health
+        check_all("beside 16 running streams")
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+        checks.append({"case": "the 16 background streams ended without error", "equal": not background_errors,
+                       "errors": background_errors[:3]})  # fmt: skip
+        for i, ids in enumerate(prompts):
+            ours_ids = _complete(
+                ours.base, {**common, "prompt": ids, "specprefill": {"enabled": False, "return_token_ids": True}}
+            )[0]
+            vanilla_ids = _complete(vanilla.base, {**common, "prompt": ids, "return_token_ids": True})[0]
+            checks.append(compare(f"keep 1.0 (enabled: false) #{i} vs vanilla vllm serve", ours_ids, vanilla_ids))
+        result["all_equal"] = all(c["equal"] for c in checks)
+    finally:
+        ours.stop()
+        vanilla.stop()
+        result["log_tail_ours"] = ours.tail(2000)
+    return result
+
+
+# ----------------------------------------------------------------------------------------- sweep
+def bench(
+    server: Server,
+    tokenizer_dir: Path,
+    served: str,
+    length: int,
+    rate: float,
+    prompts: int,
+    out: Path,
+    tag: str,
+    slo_ms: float | None = None,
+    concurrency: int | None = None,
+) -> dict[str, Any]:
+    """One `vllm bench serve` run; its saved result with the command line."""
+    name = f"bench_{tag}.json"
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
+        "--base-url", server.base, "--endpoint", "/v1/completions", "--model", str(tokenizer_dir),
+        "--served-model-name", served, "--tokenizer", str(tokenizer_dir), "--dataset-name", "random",
+        "--random-input-len", str(length), "--random-output-len", "128", "--random-range-ratio", "0",
+        "--num-prompts", str(prompts), "--request-rate", "inf" if math.isinf(rate) else f"{rate:g}",
+        "--ignore-eos", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out / "bench"),
+        "--result-filename", name, "--disable-tqdm",
+    ]  # fmt: skip
+    if slo_ms is not None:
+        cmd += ["--goodput", f"ttft:{slo_ms:.0f}"]
+    if concurrency is not None:
+        cmd += ["--max-concurrency", str(concurrency)]
+    t0 = time.monotonic()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed ({done.returncode}): {done.stderr[-2000:]}{done.stdout[-1000:]}")
+    data = json.loads((out / "bench" / name).read_text())
+    keep = (
+        "completed", "failed", "request_throughput", "output_throughput", "request_goodput", "duration",
+        "mean_ttft_ms", "median_ttft_ms", "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+        "p90_tpot_ms", "median_e2el_ms", "total_input_tokens",
+    )  # fmt: skip
+    row = {k: data.get(k) for k in keep if k in data}
+    row.update(rate=rate, prompts=prompts, wall_s=round(time.monotonic() - t0, 1))
+    logger.info("%s: rate %s p50 %.0f p90 %.0f ms, %s done, %s failed", tag, rate, row.get("median_ttft_ms") or -1,
+                row.get("p90_ttft_ms") or -1, row.get("completed"), row.get("failed"))  # fmt: skip
+    return row
+
+
+def probe_components(server: Server, length: int, served: str, reps: int = 4) -> dict[str, float]:
+    """Draft scoring and kept-prefill times (the server's usage fields), one request at a time."""
+    score, prefill, kept = [], [], []
+    for r in range(reps):
+        body = {"model": served, "prompt": random_ids(length, seed=900 + r), "max_tokens": 1, "temperature": 0}
+        status, payload = http("POST", server.base + "/v1/completions", body, timeout=300)
+        if status != 200:
+            raise RuntimeError(f"probe: status {status}: {str(payload)[:300]}")
+        usage = payload["usage"]["specprefill"]
+        score.append(usage["score_ms"])
+        prefill.append(usage["prefill_ms"])
+        kept.append(usage["kept_tokens"])
+    return {
+        "score_ms": statistics.median(score[1:]),
+        "prefill_ms": statistics.median(prefill[1:]),
+        "kept_tokens": statistics.median(kept),
+    }
+
+
+def sweep_server(
+    server: Server,
+    tokenizer: Path,
+    served: str,
+    length: int,
+    out: Path,
+    tag: str,
+    slo_ms: float,
+    start_rate: float,
+    budget_s: float,
+    target_s: float = 36.0,
+) -> list[dict[str, Any]]:
+    """Rising Poisson rates until p90 TTFT passes the service level twice (or the budget ends)."""
+    rows: list[dict[str, Any]] = []
+    rate, over = start_rate, 0
+    t_end = time.monotonic() + budget_s
+    while time.monotonic() < t_end and len(rows) < 9:
+        prompts = int(min(160, max(12, math.ceil(rate * target_s))))
+        row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
+        row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
+                                 and not row.get("failed"))  # fmt: skip
+        rows.append(row)
+        if not row["within_slo"]:
+            over += 1
+            if over >= 2 or (row.get("p90_ttft_ms") or 0) > 3 * slo_ms:
+                break
+            rate *= 1.25
+        else:
+            rate *= 1.5 if (row.get("p90_ttft_ms") or 0) < 0.6 * slo_ms else 1.25
+    return rows
+
+
+def max_rate_within(rows: list[dict[str, Any]]) -> float | None:
+    """The highest swept rate whose p90 TTFT met the service level (every lower one met it too)."""
+    best = None
+    for row in sorted(rows, key=lambda r: r["rate"]):
+        if not row["within_slo"]:
+            break
+        best = row["rate"]
+    return best
+
+
+def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budget_s: float) -> dict[str, Any]:
+    if pair == "llama":
+        target, draft = llama_dir("8b", tokenizer, weights=False), llama_dir("1b", tokenizer, weights=True)
+        names = ("Llama-3.1-8B architecture", "Llama-3.2-1B architecture")
+    else:
+        target, draft = qwen_dir("32b", tokenizer, weights=False), qwen_dir("0.5b", tokenizer, weights=True)
+        names = ("Qwen2.5-32B architecture", "Qwen2.5-0.5B architecture")
+    served = target.name
+    max_len = max(lengths) + 256
+    extra = ["--load-format", "dummy"]
+    result: dict[str, Any] = {
+        "pair": pair,
+        "target": f"{names[0]}, random weights (--load-format dummy), bf16",
+        "draft": f"{names[1]}, random weights, transformers bf16, same GPU, in the server's process",
+        "policy": "paper (keep 0.1, chunks of 32, look-ahead 8)",
+        "engine_options": [*ENGINE, "--max-model-len", str(max_len), *extra],
+        "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
+        "--random-range-ratio 0, Poisson arrivals, seed 0",
+        "lengths": {},
+    }
+    RESULTS["stages"][f"sweep_{pair}"] = result
+    share = budget_s / 2
+    vanilla = Server(f"{pair}_vanilla", vanilla_cmd(target, served, 8501, max_len, extra), 8501, out,
+                     env={"SPECPREFILL_VLLM_PLUGIN": "0"})  # fmt: skip
+    try:
+        result["startup_s_vanilla"] = vanilla.wait()
+        t_stage = time.monotonic()
+        for length in lengths:
+            row = result["lengths"].setdefault(str(length), {})
+            unloaded = bench(vanilla, tokenizer, served, length, math.inf, 5, out, f"vanilla_{length}_unloaded",
+                             concurrency=1)  # fmt: skip
+            row["vanilla_unloaded"] = unloaded
+            slo = 2 * float(unloaded["median_ttft_ms"])
+            row["slo_p90_ttft_ms"] = slo
+            capacity = 1000.0 / float(unloaded["median_ttft_ms"])
+            left = share - (time.monotonic() - t_stage)
+            row["vanilla"] = sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, 0.3 * capacity,
+                                          left / max(1, len(lengths) - lengths.index(length)))  # fmt: skip
+            save(out)
+    finally:
+        vanilla.stop()
+    free_gpu(0.9)
+    ours = Server(f"{pair}_ours", ours_cmd(target, draft, served, 8502, max_len, extra), 8502, out)
+    try:
+        result["startup_s_ours"] = ours.wait()
+        t_stage = time.monotonic()
+        for length in lengths:
+            row = result["lengths"][str(length)]
+            row["components"] = probe_components(ours, length, served)
+            unloaded = bench(ours, tokenizer, served, length, math.inf, 5, out, f"ours_{length}_unloaded",
+                             concurrency=1)  # fmt: skip
+            row["ours_unloaded"] = unloaded
+            comp = row["components"]
+            vanilla_ms = float(row["vanilla_unloaded"]["median_ttft_ms"])
+            row["ceiling"] = vanilla_ms / (comp["score_ms"] + comp["prefill_ms"])
+            row["unloaded_speedup"] = vanilla_ms / float(unloaded["median_ttft_ms"])
+            row["share_of_ceiling"] = row["unloaded_speedup"] / row["ceiling"]
+            capacity = 1000.0 / float(unloaded["median_ttft_ms"])
+            left = share - (time.monotonic() - t_stage)
+            row["ours"] = sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"],
+                                       0.3 * capacity, left / max(1, len(lengths) - lengths.index(length)))  # fmt: skip
+            _status, health = http("GET", ours.base + "/health")
+            row["ours_health_after"] = health
+            v, o = max_rate_within(row["vanilla"]), max_rate_within(row["ours"])
+            row["max_rate_vanilla"], row["max_rate_ours"] = v, o
+            row["rate_ratio"] = (o / v) if v and o else None
+            save(out)
+    finally:
+        ours.stop()
+    return result
+
+
+# ----------------------------------------------------------------------------------------- report
+def _f(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else str(value)
+
+
+def _summary_row(length: str, row: dict[str, Any]) -> str:
+    comp = row.get("components") or {}
+    share = row.get("share_of_ceiling")
+    cells = [
+        f"{int(length):,}",
+        f"{_f((row.get('vanilla_unloaded') or {}).get('median_ttft_ms'))} ms",
+        f"{_f(row.get('slo_p90_ttft_ms'))} ms",
+        f"{_f((row.get('ours_unloaded') or {}).get('median_ttft_ms'))} ms",
+        f"{_f(comp.get('score_ms'))} + {_f(comp.get('prefill_ms'))} ms",
+        f"{_f(row.get('ceiling'), 2)}x",
+        f"{_f(row.get('unloaded_speedup'), 2)}x ({_f(100 * share if share else None, 1)}%)",
+        _f(row.get("max_rate_vanilla"), 2),
+        _f(row.get("max_rate_ours"), 2),
+        f"{_f(row.get('rate_ratio'), 2)}x",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
+    cells = [
+        f"{int(length):,}",
+        server,
+        f"{r['rate']:.3g}",
+        str(r["prompts"]),
+        _f(r.get("median_ttft_ms")),
+        _f(r.get("p90_ttft_ms")),
+        "yes" if r.get("within_slo") else "no",
+        _f(r.get("request_goodput"), 2),
+        _f(r.get("request_throughput"), 2),
+        _f(r.get("failed")),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def render(results: dict[str, Any]) -> str:
+    lines = ["# `specprefill serve --engine vllm` against vanilla `vllm serve` (one H200)", ""]
+    if results.get("command"):
+        lines += [f"Command: `{results['command']}`", ""]
+    corr = results["stages"].get("correctness")
+    if corr:
+        lines += ["## Correctness", ""]
+        if "error" in corr:
+            lines += [f"Failed: `{corr['error'][:300]}`", ""]
+        lines += [f"Model: {corr.get('model')}; greedy, 16 tokens.", ""]
+        lines += ["| case | equal | first divergence |", "| --- | --- | --- |"]
+        for c in corr.get("checks", []):
+            lines.append(f"| {c['case']} | {'yes' if c['equal'] else 'no'} | {_f(c.get('first_divergence'))} |")
+        lines.append("")
+    for key, sweep in results["stages"].items():
+        if not key.startswith("sweep_"):
+            continue
+        lines += [f"## Throughput: {sweep.get('target')} with a {sweep.get('draft')}", ""]
+        if "error" in sweep:
+            lines += [f"Failed: `{sweep['error'][:300]}`", ""]
+        lines += [
+            f"Policy {sweep.get('policy')}; engine options for both servers: "
+            f"`{' '.join(sweep.get('engine_options', []))}`; load: {sweep.get('load_generator')}. Start-up: vanilla "
+            f"{_f(sweep.get('startup_s_vanilla'), 1)} s, ours {_f(sweep.get('startup_s_ours'), 1)} s.",
+            "",
+            "| input | vanilla unloaded TTFT | SLO (p90) | ours unloaded TTFT | scoring + kept prefill | ceiling | "
+            "unloaded speedup (share of ceiling) | max rate vanilla | max rate ours | ratio |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        detail = [
+            "| input | server | rate (req/s) | prompts | TTFT p50 | TTFT p90 | within SLO | goodput (req/s) | "
+            "throughput (req/s) | failed |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for length, row in sweep.get("lengths", {}).items():
+            lines.append(_summary_row(length, row))
+            detail += [_rate_row(length, server, r) for server in ("vanilla", "ours") for r in row.get(server) or []]
+        lines += ["", "Every rate of the sweeps (TTFT in ms):", "", *detail, ""]
+        lines += [
+            "The service level is p90 TTFT at most twice vanilla's unloaded TTFT at that length; the maximum rate is "
+            "the highest swept rate within it (with every lower rate within it too); goodput counts requests whose "
+            "TTFT met it. The ceiling is vanilla's unloaded TTFT over our server's draft scoring plus kept prefill "
+            "(medians of the `usage.specprefill` fields of single requests).",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
+              for length, row in s.get("lengths", {}).items() if row.get("vanilla")]  # fmt: skip
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
+    for ax, (key, length, row) in zip(axes[0], panels, strict=True):
+        for server, color in (("vanilla", "tab:gray"), ("ours", "tab:blue")):
+            rows = sorted(row.get(server) or [], key=lambda r: r["rate"])
+            if not rows:
+                continue
+            rates = [r["rate"] for r in rows]
+            label = "vllm serve" if server == "vanilla" else "specprefill serve --engine vllm"
+            ax.plot(rates, [r.get("p50_ttft_ms") or r.get("median_ttft_ms") for r in rows], "o-", color=color,
+                    label=f"{label} p50")  # fmt: skip
+            ax.plot(rates, [r.get("p90_ttft_ms") for r in rows], "s--", color=color, label=f"{label} p90")
+        if row.get("slo_p90_ttft_ms"):
+            ax.axhline(row["slo_p90_ttft_ms"], color="tab:red", lw=1, ls=":", label="service level (p90)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("request rate (req/s, Poisson)")
+        ax.set_ylabel("TTFT (ms)")
+        ax.set_title(f"{key.removeprefix('sweep_')}: {int(length):,}-token prompts, 128 out")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("results"))
+    parser.add_argument("--tokenizer", type=Path, default=Path(".gpujob/tok"))
+    parser.add_argument("--stages", default="correctness,sweep")
+    parser.add_argument("--pair", choices=("llama", "qwen"), default="llama")
+    parser.add_argument("--lengths", default="32768,8192")
+    parser.add_argument("--budget", type=float, default=900.0, help="seconds for the sweeps of one pair")
+    parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
+    if args.render is not None:
+        data = json.loads(args.render.read_text())
+        args.render.with_suffix(".md").write_text(render(data))
+        plot(data, args.render.with_suffix(".png"))
+        return 0
+    import vllm_gpu as base
+
+    base.install_entry_point()
+    args.out.mkdir(parents=True, exist_ok=True)
+    RESULTS["command"] = " ".join(["python", *sys.argv])
+    for stage in args.stages.split(","):
+        t0 = elapsed()
+        try:
+            if stage == "correctness":
+                RESULTS["stages"]["correctness"] = stage_correctness(args.out, args.tokenizer)
+            elif stage == "sweep":
+                lengths = [int(x) for x in args.lengths.split(",")]
+                stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget)
+            else:
+                raise SystemExit(f"unknown stage {stage!r}")
+        except Exception as exc:
+            logger.exception("stage %s failed", stage)
+            key = stage if stage != "sweep" else f"sweep_{args.pair}"
+            RESULTS["stages"].setdefault(key, {})["error"] = f"{exc}\n{traceback.format_exc()[-3000:]}"
+        RESULTS["stages"].setdefault(stage if stage != "sweep" else f"sweep_{args.pair}", {})["stage_s"] = round(
+            elapsed() - t0, 1
+        )
+        save(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
