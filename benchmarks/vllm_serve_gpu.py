@@ -105,7 +105,8 @@ class Server:
         raise RuntimeError(f"{self.name} not healthy after {timeout:.0f} s: {self.tail(1500)}")
 
     def tail(self, chars: int = 3000) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")[-chars:]
 
     def stop(self) -> None:
@@ -260,31 +261,33 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
     path = base.make_model("llama", MODELS / "tiny-llama", tokenizer, seed=1)
     max_len, tokens = 4096, 16
     small = ["--gpu-memory-utilization", "0.12", "--seed", "0"]
-    ours = Server(
-        "correctness_ours",
-        [*ours_cmd(path, path, "tiny", 8401, max_len, [])[: -len(ENGINE)], *small],
-        8401,
-        out,
-    )
-    vanilla = Server(
-        "correctness_vanilla",
-        [*vanilla_cmd(path, "tiny", 8402, max_len, [])[: -len(ENGINE)], *small],
-        8402,
-        out,
-        env={"SPECPREFILL_VLLM_PLUGIN": "0"},
-    )
     result: dict[str, Any] = {"model": "random-weight Llama (4 layers, 512 wide), bf16", "checks": []}
     checks = result["checks"]
+    # The reference first, then one server at a time: vLLM profiles the GPU's free memory at start,
+    # and another process allocating meanwhile would upset that.
+    target = TransformersBackend(str(path), device="cuda", dtype="bfloat16")
+    pipe = load_pipeline("paper", model=str(path), draft=str(path), backend=target, device="cuda", dtype="bfloat16")
+    params = SamplingParams(max_tokens=tokens)
+    prompts = [random_ids(n, seed=n) for n in (1500, 2200, 3000)]
+    reference = []
+    for ids in prompts:
+        compressed = pipe.compress(Prompt.from_token_ids(ids))
+        reference.append((compressed, list(target.generate(compressed, params).token_ids)))
+    ours = Server(
+        "correctness_ours", [*ours_cmd(path, path, "tiny", 8401, max_len, [])[: -len(ENGINE)], *small], 8401, out
+    )
+    vanilla: Server | None = None
     try:
-        target = TransformersBackend(str(path), device="cuda", dtype="bfloat16")
-        pipe = load_pipeline("paper", model=str(path), draft=str(path), backend=target, device="cuda", dtype="bfloat16")
-        params = SamplingParams(max_tokens=tokens)
-        prompts = [random_ids(n, seed=n) for n in (1500, 2200, 3000)]
-        reference = []
-        for ids in prompts:
-            compressed = pipe.compress(Prompt.from_token_ids(ids))
-            reference.append((compressed, list(target.generate(compressed, params).token_ids)))
-        result["startup_s"] = {"ours": ours.wait(), "vanilla": vanilla.wait()}
+        startup = {"ours": ours.wait()}
+        vanilla = Server(
+            "correctness_vanilla",
+            [*vanilla_cmd(path, "tiny", 8402, max_len, [])[: -len(ENGINE)], *small],
+            8402,
+            out,
+            env={"SPECPREFILL_VLLM_PLUGIN": "0"},
+        )
+        startup["vanilla"] = vanilla.wait()
+        result["startup_s"] = startup
         common = {"model": "tiny", "max_tokens": tokens, "temperature": 0}
 
         def check_all(label: str) -> None:
@@ -350,8 +353,13 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
         result["all_equal"] = all(c["equal"] for c in checks)
     finally:
         ours.stop()
-        vanilla.stop()
+        if vanilla is not None:
+            vanilla.stop()
         result["log_tail_ours"] = ours.tail(2000)
+        del target, pipe
+        import torch
+
+        torch.cuda.empty_cache()
     return result
 
 
@@ -488,6 +496,9 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
                      env={"SPECPREFILL_VLLM_PLUGIN": "0"})  # fmt: skip
     try:
         result["startup_s_vanilla"] = vanilla.wait()
+        # keep 1.0 on the big target too: vLLM's dummy weights come from a fixed seed, the same in both servers
+        probe = {"model": served, "max_tokens": 16, "temperature": 0, "return_token_ids": True}
+        vanilla_ids = [_complete(vanilla.base, {**probe, "prompt": random_ids(2048, seed=s)})[0] for s in (1, 2)]
         t_stage = time.monotonic()
         for length in lengths:
             row = result["lengths"].setdefault(str(length), {})
@@ -507,6 +518,16 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
     ours = Server(f"{pair}_ours", ours_cmd(target, draft, served, 8502, max_len, extra), 8502, out)
     try:
         result["startup_s_ours"] = ours.wait()
+        off = {**probe, "specprefill": {"enabled": False, "return_token_ids": True}}
+        off.pop("return_token_ids")
+        result["keep_all_vs_vanilla"] = [
+            compare(
+                f"{names[0]}: enabled false #{i} vs vanilla vllm serve",
+                _complete(ours.base, {**off, "prompt": random_ids(2048, seed=s)})[0],
+                want,
+            )
+            for i, (s, want) in enumerate(zip((1, 2), vanilla_ids, strict=True))
+        ]
         t_stage = time.monotonic()
         for length in lengths:
             row = result["lengths"][str(length)]
@@ -613,6 +634,10 @@ def render(results: dict[str, Any]) -> str:
             lines.append(_summary_row(length, row))
             detail += [_rate_row(length, server, r) for server in ("vanilla", "ours") for r in row.get(server) or []]
         lines += ["", "Every rate of the sweeps (TTFT in ms):", "", *detail, ""]
+        for check in sweep.get("keep_all_vs_vanilla") or []:
+            verdict = "equal" if check["equal"] else f"differ from token {check['first_divergence']}"
+            lines.append(f"- {check['case']} (2,048-token prompt, 16 greedy tokens): {verdict}")
+        lines.append("")
         lines += [
             "The service level is p90 TTFT at most twice vanilla's unloaded TTFT at that length; the maximum rate is "
             "the highest swept rate within it (with every lower rate within it too); goodput counts requests whose "

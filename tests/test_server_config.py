@@ -174,7 +174,7 @@ def test_serve_passes_vllm_options_through_under_their_vllm_names() -> None:
         "--engine", "vllm", "--max-model-len", "32768", "--gpu-memory-utilization", "0.8", "--enforce-eager",
         "--no-enable-prefix-caching", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
         "--engine-arg", "swap_space=8", "--engine-arg", "hf_overrides={\"rope_theta\": 1e6}",
-        "--engine-arg", "kv_cache_dtype=fp8",
+        "--engine-arg", "kv_cache_dtype=fp8", "--seed", "3",
     )  # fmt: skip
     config = config_from_args(args, environ={})
     assert config.engine_options == {
@@ -185,6 +185,7 @@ def test_serve_passes_vllm_options_through_under_their_vllm_names() -> None:
         "kv_cache_dtype": "fp8",
         "max_model_len": 32768,
         "max_num_seqs": 64,
+        "seed": 3,
         "swap_space": 8,
         "tensor_parallel_size": 2,
     }

@@ -192,6 +192,7 @@ VLLM_OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("--enforce-eager", bool, "no CUDA graphs or torch.compile in the target (faster start, slower steps)"),
     ("--load-format", str, "vLLM's weight format: auto, safetensors, ... or dummy (random weights, for benchmarks)"),
     ("--no-enable-prefix-caching", bool, "turn vLLM's prefix caching off (compressed requests are salted by layout)"),
+    ("--seed", non_negative_int, "vLLM's random seed, for sampled requests without their own seed (default 0)"),
     ("--draft-device", str, "where the draft scores: auto (a spare GPU, else beside rank 0), cuda:N (default: auto)"),
     ("--draft-memory-gib", positive_number, "GPU memory left to the draft beside rank 0 (default: 8)"),
 )
