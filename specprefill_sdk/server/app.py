@@ -482,9 +482,10 @@ async def _serve(
         prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
         if not body.stream:
             completion = await engine.call(ctx, engine.run_generate, prepared)
+            engine.finished(ctx, ticket, prepared, completion)
             return JSONResponse(_response(kind, engine.served_model, completion, return_ids))
         iterator = await engine.call(ctx, engine.open_stream, prepared)
-        handle = StreamHandle(engine, ctx, iterator, ticket)
+        handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
     finally:
         if handle is None:
             engine.admission.release(ticket)
@@ -533,10 +534,11 @@ async def _serve_turn(
             turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
             if not body.stream:
                 completion = await engine.call(ctx, engine.run_turn, turn)
+                engine.finished(ctx, ticket, turn, completion)
                 payload = _response("chat", engine.served_model, completion, options.return_token_ids, turn)
                 return JSONResponse(payload, headers=headers)
             iterator = await engine.call(ctx, engine.open_turn_stream, turn)
-            handle = StreamHandle(engine, ctx, iterator, ticket, on_close=lambda: store.release(entry))
+            handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
         finally:
             if handle is None:
                 engine.admission.release(ticket)

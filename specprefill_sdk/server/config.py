@@ -83,6 +83,8 @@ class ServerConfig:
             `DraftAttentionScorer`): the first long prompts compile, once per process.
         warmup_tokens: serve one request of this many prompt tokens before accepting any, so that
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
+        metrics: serve Prometheus metrics at ``GET /metrics`` (``specprefill_sdk.server.metrics``); off:
+            that route answers 404. With ``api_keys`` it needs a key, as the ``/v1`` routes do.
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
         engine: ``"transformers"`` (the target in this process) or ``"vllm"`` (the target in vLLM's
@@ -112,6 +114,7 @@ class ServerConfig:
     session_strategy: str = DEFAULT_SESSION_STRATEGY
     compile: bool = False
     warmup_tokens: int | None = None
+    metrics: bool = False
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
@@ -178,8 +181,9 @@ class ServerConfig:
                 f"session_strategy must be one of {', '.join(STRATEGIES)}, got {self.session_strategy!r}",
                 param="session_strategy",
             )
-        if not isinstance(self.compile, bool):
-            raise InvalidRequestError(f"compile must be true or false, got {self.compile!r}", param="compile")
+        for name in ("compile", "metrics"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequestError(f"{name} must be true or false, got {getattr(self, name)!r}", param=name)
         if self.log_level not in LOG_LEVELS:
             raise InvalidRequestError(
                 f"log_level must be one of {', '.join(LOG_LEVELS)}, got {self.log_level!r}", param="log_level"

@@ -20,12 +20,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
-from ..conversation import Conversation
+from ..conversation import STRATEGIES, Conversation
 from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
 from ..interfaces import Backend, Scorer
 from ..pipeline import Pipeline
@@ -45,6 +45,9 @@ from .errors import RequestTooLargeError
 from .limits import Admission, Ticket
 from .schemas import ConversationUsage, SpecPrefillOptions
 from .sessions import ConversationStore, StoredConversation
+
+if TYPE_CHECKING:
+    from .metrics import ServerMetrics
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -79,10 +82,12 @@ class RequestContext:
     """One request's execution context: its trace parent, carried into every worker-thread step.
 
     All steps of a request run inside one `contextvars.Context`, so spans opened in one step (a
-    streaming generator's) are closed in the same context by a later step.
+    streaming generator's) are closed in the same context by a later step. ``arrived`` is when the
+    request was received (``time.perf_counter``), where its end-to-end latency starts.
     """
 
     def __init__(self, headers: Mapping[str, str] | None = None) -> None:
+        self.arrived = time.perf_counter()
         self._ctx = contextvars.copy_context()
         if headers and not trace.get_current_span().get_span_context().is_valid:
             # Continue the caller's W3C trace (traceparent/tracestate) unless a server span is active.
@@ -101,7 +106,10 @@ _DONE = object()
 
 
 class StreamHandle:
-    """A running stream: steps and closes a synchronous chunk iterator on the engine's workers."""
+    """A running stream: steps and closes a synchronous chunk iterator on the engine's workers.
+
+    ``request`` is what the stream answers (a `Prepared` request or a `Turn`), for the metrics of its end.
+    """
 
     def __init__(
         self,
@@ -109,12 +117,14 @@ class StreamHandle:
         ctx: RequestContext,
         iterator: Iterator[CompletionChunk],
         ticket: Ticket,
+        request: Prepared | Turn,
         on_close: Callable[[], None] | None = None,
     ) -> None:
         self._engine = engine
         self._ctx = ctx
         self._iterator = iterator
         self._ticket = ticket
+        self._request = request
         self._on_close = on_close
         self._closed = False
         self._finished = False
@@ -127,6 +137,8 @@ class StreamHandle:
             return None
         if chunk.finish_reason is not None:
             self._finished = True
+            if chunk.completion is not None:
+                self._engine.finished(self._ctx, self._ticket, self._request, chunk.completion)
         return chunk
 
     async def aclose(self) -> None:
@@ -136,6 +148,8 @@ class StreamHandle:
         self._closed = True
         if not self._finished:
             self._engine.cancelled_streams += 1
+            if self._engine.metrics is not None:
+                self._engine.metrics.aborted()
             logger.info("a stream was stopped before its end (the client went away)")
         try:
             close = getattr(self._iterator, "close", None)
@@ -229,6 +243,7 @@ class ServingEngine:
         self._pipelines: OrderedDict[tuple[Any, ...], Pipeline] = OrderedDict()
         self._pipelines_lock = threading.Lock()
         self._base_scorer = scorer
+        self._dense: Pipeline | None = None
         self._policy_names = sorted(list_policies())
         if self._policy_names and policy not in self._policy_names:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
@@ -241,6 +256,8 @@ class ServingEngine:
         self.draft_name = self.pipeline_for_disabled().draft_name
         #: The warm-up this engine ran (`warm_up`), or None.
         self.warmed_up: WarmUp | None = None
+        #: The Prometheus metrics (``config.metrics``), or None.
+        self.metrics: ServerMetrics | None = self._metrics() if config.metrics else None
 
     # ------------------------------------------------------------------ facts
     @property
@@ -255,6 +272,37 @@ class ServingEngine:
                 param="model",
                 code="model_not_found",
             )
+
+    def _metrics(self) -> ServerMetrics:
+        try:
+            from .metrics import ServerMetrics
+        except ImportError as exc:
+            raise SpecPrefillError(
+                f"serving metrics needs prometheus-client (missing module {exc.name!r}); install it with: "
+                "pip install 'specprefill-sdk[server]'",
+                code="missing_dependency",
+            ) from exc
+        strategies = STRATEGIES if self.conversations.enabled else ()
+        return ServerMetrics(
+            self.served_model, self.admission, self.conversations, max_model_len=self.max_context, strategies=strategies
+        )
+
+    def finished(self, ctx: RequestContext, ticket: Ticket, request: Prepared | Turn, completion: Completion) -> None:
+        """Record a request that ``completion`` answered in the metrics (nothing when they are off).
+
+        Every completion route calls this once, when its request finished (streamed or not): what is
+        recorded is decided here and in `ServerMetrics.finished`, never per route.
+        """
+        if self.metrics is None:
+            return
+        if isinstance(request, Turn):
+            disabled = request.conversation.pipeline is self.pipeline_for_disabled()
+            strategy: str | None = request.conversation.strategy
+        else:
+            disabled = request.pipeline is self.pipeline_for_disabled()
+            strategy = None
+        e2e_s = time.perf_counter() - ctx.arrived
+        self.metrics.finished(completion, e2e_s=e2e_s, queued_s=ticket.waited, disabled=disabled, strategy=strategy)
 
     # ------------------------------------------------------------------ threads
     async def call(self, ctx: RequestContext, fn: Callable[..., T], *args: Any) -> T:
@@ -342,8 +390,14 @@ class ServingEngine:
         return self._cached(key, lambda: self._build(load_policy(name).with_overrides(**overrides)))
 
     def pipeline_for_disabled(self) -> Pipeline:
-        """The pipeline of requests that turn compression off: every token kept, the draft never runs."""
-        return self._cached(("dense",), lambda: self._build(None))
+        """The pipeline of requests that turn compression off: every token kept, the draft never runs.
+
+        Built once and kept outside the cache, so that a request's pipeline tells by identity whether
+        its compression was off.
+        """
+        if self._dense is None:
+            self._dense = self._build(None)
+        return self._dense
 
     def _build(self, policy: Policy | None) -> Pipeline:
         return build_pipeline(policy, self._base_scorer, self.backend, **self._telemetry)

@@ -49,10 +49,14 @@ class AdmissionStats:
 
 @dataclass
 class Ticket:
-    """A granted slot; hand it back with `Admission.release` exactly once."""
+    """A granted slot; hand it back with `Admission.release` exactly once.
+
+    ``started`` is when it was granted (``time.perf_counter``), ``waited`` the seconds spent queued for it.
+    """
 
     started: float
     released: bool = False
+    waited: float = 0.0
 
 
 class Admission:
@@ -78,6 +82,8 @@ class Admission:
         self._running = 0
         self._waiting = 0
         self._semaphore: asyncio.Semaphore | None = None
+        #: Requests refused because the queue was full (429), since the start.
+        self.rejected = 0
         # Smoothed service time of one request, for the Retry-After estimate.
         self._service_s = 1.0
 
@@ -94,17 +100,20 @@ class Admission:
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
         if self._running + self._waiting >= self.max_concurrency + self.max_queue:
+            self.rejected += 1
             raise OverloadedError(
                 f"the server is busy ({self._running} running, {self._waiting} queued); retry later",
                 retry_after=self.retry_after(),
             )
+        queued = time.perf_counter()
         self._waiting += 1
         try:
             await self._semaphore.acquire()
         finally:
             self._waiting -= 1
         self._running += 1
-        return Ticket(started=time.perf_counter())
+        started = time.perf_counter()
+        return Ticket(started=started, waited=started - queued)
 
     def release(self, ticket: Ticket) -> None:
         """Give a slot back (a second call with the same ticket does nothing)."""
