@@ -138,6 +138,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} with --compile on a GPU, else 0)",
     )
     parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve Prometheus metrics at GET /metrics (with --api-key it needs a key too; default: off)",
+    )
+    parser.add_argument(
         "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
     )
     parser.add_argument(
@@ -268,6 +273,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         session_strategy=args.session_strategy,
         compile=args.compile,
         warmup_tokens=args.warmup_tokens,
+        metrics=args.metrics,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

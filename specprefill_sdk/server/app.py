@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/tokenize``,
 ``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``,
-``GET``/``DELETE /v1/conversations/{id}`` (conversations kept on the server), ``GET /health``.
+``GET``/``DELETE /v1/conversations/{id}`` (conversations kept on the server), ``GET /health``,
+``GET /metrics`` (Prometheus, with ``ServerConfig.metrics``; `specprefill_sdk.server.metrics`).
 
 Example::
 
@@ -34,7 +35,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from ..conversation import STRATEGIES
-from ..errors import InvalidRequestError, SpecPrefillError
+from ..errors import InvalidRequestError, NotFoundError, SpecPrefillError
 from ..interfaces import Backend, Executed, LocalBackend, Scorer
 from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
@@ -209,7 +210,38 @@ def create_app(
             warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
         )
 
+    _add_metrics_route(app, engine, keyed=bool(keys))
     return app
+
+
+def _add_metrics_route(app: FastAPI, engine: ServingEngine, *, keyed: bool) -> None:
+    metrics = engine.metrics
+    if metrics is None:
+
+        @app.get("/metrics", include_in_schema=False)
+        async def metrics_off() -> Response:
+            # Registered to say why, rather than the generic 404 of an unknown route.
+            raise NotFoundError(
+                "metrics are off on this server: start it with --metrics (SPECPREFILL_METRICS=1)",
+                code="metrics_disabled",
+            )
+
+        return
+    from .metrics import CONTENT_TYPE
+
+    # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
+    security = [Depends(HTTPBearer(auto_error=False))] if keyed else []
+
+    @app.get(
+        "/metrics",
+        tags=["server"],
+        dependencies=security,
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}, "description": "Metrics"}},
+    )
+    async def metrics_route() -> Response:
+        """Prometheus metrics in the text format 0.0.4: vLLM's names where they apply, and ``specprefill:``."""
+        return Response(content=metrics.exposition(), media_type=CONTENT_TYPE)
 
 
 def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:

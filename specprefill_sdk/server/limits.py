@@ -5,8 +5,8 @@ anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry
 overload costs a small JSON answer instead of memory.
 
 `GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413),
-with API keys configured any ``/v1`` request without ``Authorization: Bearer <key>`` for one of them
-(401), and without keys any request whose ``Host`` is not a loopback name (403, `HostCheck`).
+with API keys configured any ``/v1`` or ``/metrics`` request without ``Authorization: Bearer <key>``
+for one of them (401), and without keys any request whose ``Host`` is not a loopback name (403, `HostCheck`).
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def _host_name(header: bytes) -> str | None:
 
 
 class GuardMiddleware:
-    """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` routes."""
+    """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` and ``/metrics``."""
 
     def __init__(
         self,
@@ -208,7 +208,7 @@ class GuardMiddleware:
         if self.host_check is not None and host is not None and not self.host_check.allows(host):
             await _send_json(send, 403, self.host_check.refusal(host))
             return
-        if self._keys and (path == "/v1" or path.startswith("/v1/")):
+        if self._keys and _needs_key(path):
             # One header only: with two, the key check and the route (conversation ownership) could
             # each read a different one.
             given = [v for k, v in raw_headers if k.lower() == b"authorization"]
@@ -270,6 +270,12 @@ class GuardMiddleware:
             return message
 
         return wrapped
+
+
+def _needs_key(path: str) -> bool:
+    """Whether a path is served only with a key: the API, and the metrics (which tell the load and the
+    traffic); ``/health`` stays open for load balancers."""
+    return path in ("/v1", "/metrics") or path.startswith(("/v1/", "/metrics/"))
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
