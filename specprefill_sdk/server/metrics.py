@@ -47,7 +47,8 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 #: policy's ``dense_below_tokens``, or the request turned compression off (``specprefill.enabled``).
 FALLBACK_REASONS = ("scorer_error", "dense_below", "disabled")
 #: ``vllm:request_success_total``'s ``finished_reason`` values: a stop (EOS or a stop string), the
-#: ``max_tokens`` limit, or a stream the client left before its end (vLLM's ``abort``).
+#: ``max_tokens`` limit, or a stream stopped before its end (vLLM's ``abort``): the client left, or the
+#: generation failed mid-stream.
 FINISHED_REASONS = ("stop", "length", "abort")
 
 # vLLM's bucket boundaries, copied so that histogram_quantile over both servers compares like with like.
@@ -259,7 +260,7 @@ class ServerMetrics:
             self._turns.labels(self.model_name, strategy).inc()
 
     def aborted(self) -> None:
-        """Record a stream the client left before its end (``finished_reason="abort"``)."""
+        """Record a stream stopped before its end (``finished_reason="abort"``): the client left, or it failed."""
         self.success["abort"].inc()
 
     def exposition(self) -> bytes:
