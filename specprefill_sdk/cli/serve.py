@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..server import DEFAULT_WARMUP_TOKENS
 from ..server.config import DEFAULT_MAX_BODY_BYTES, LOG_LEVELS, STRATEGIES, ServerConfig, is_loopback_host
-from ._args import add_model_options, non_negative_int, positive_int, positive_number
+from ._args import add_model_options, non_negative_int, non_negative_number, positive_int, positive_number
 
 __all__ = ["API_KEY_ENV", "add_arguments", "api_keys", "config_from_args", "main"]
 
@@ -129,6 +129,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} with --compile on a GPU, else 0)",
     )
     parser.add_argument(
+        "--scoring-queue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="score concurrent requests' prompts together in batches (default: on with --max-concurrency above 1)",
+    )
+    parser.add_argument(
+        "--scoring-batch-tokens",
+        type=positive_int,
+        default=None,
+        help="the most prompt tokens one scoring batch holds (default: the draft's max_batch_tokens, 16384)",
+    )
+    parser.add_argument(
+        "--scoring-wait-ms",
+        type=non_negative_number,
+        default=_D.scoring_wait_ms,
+        help="how long a scoring batch waits for more prompts while other requests run; a request alone never "
+        f"waits (default: {_D.scoring_wait_ms:g})",
+    )
+    parser.add_argument(
         "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
     )
     parser.add_argument(
@@ -177,6 +196,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         session_strategy=args.session_strategy,
         compile=args.compile,
         warmup_tokens=args.warmup_tokens,
+        scoring_queue=args.scoring_queue,
+        scoring_batch_tokens=args.scoring_batch_tokens,
+        scoring_wait_ms=args.scoring_wait_ms,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

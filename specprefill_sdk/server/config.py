@@ -26,6 +26,7 @@ from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TT
 __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SCORING_WAIT_MS",
     "ENV_PREFIX",
     "LOG_LEVELS",
     "STRATEGIES",
@@ -37,6 +38,8 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 #: ``max_tokens`` when a request gives none (reduced to what the context still holds).
 DEFAULT_MAX_TOKENS = 256
+#: ``scoring_wait_ms`` by default: a few milliseconds, well below one scoring call of a draft.
+DEFAULT_SCORING_WAIT_MS = 5.0
 #: The prefix of the environment variables `ServerConfig.from_env` reads.
 ENV_PREFIX = "SPECPREFILL_"
 #: uvicorn's log levels, for ``log_level``.
@@ -74,6 +77,12 @@ class ServerConfig:
             `DraftAttentionScorer`): the first long prompts compile, once per process.
         warmup_tokens: serve one request of this many prompt tokens before accepting any, so that
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
+        scoring_queue: score the draft's prompts of concurrent requests together in batches
+            (`specprefill_sdk.scoring.ScoringQueue`); None: on when ``max_concurrency`` is above 1.
+        scoring_batch_tokens: the most prompt tokens one scoring batch holds (None: the draft
+            scorer's ``ExecutionSettings.max_batch_tokens``, 16384 by default).
+        scoring_wait_ms: how long a scoring batch waits for more prompts while other requests run
+            (a request alone on the server never waits).
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
     """
@@ -96,6 +105,9 @@ class ServerConfig:
     session_strategy: str = DEFAULT_SESSION_STRATEGY
     compile: bool = False
     warmup_tokens: int | None = None
+    scoring_queue: bool | None = None
+    scoring_batch_tokens: int | None = None
+    scoring_wait_ms: float = DEFAULT_SCORING_WAIT_MS
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
@@ -142,6 +154,15 @@ class ServerConfig:
             raise InvalidRequestError(f"port must be at most 65535, got {self.port}", param="port")
         if self.warmup_tokens is not None:
             check_int(self.warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
+        if self.scoring_queue is not None and not isinstance(self.scoring_queue, bool):
+            raise InvalidRequestError(
+                f"scoring_queue must be true, false or None, got {self.scoring_queue!r}", param="scoring_queue"
+            )
+        if self.scoring_batch_tokens is not None:
+            check_int(self.scoring_batch_tokens, "scoring_batch_tokens", param="scoring_batch_tokens", minimum=1)
+        object.__setattr__(
+            self, "scoring_wait_ms", check_float(self.scoring_wait_ms, "scoring_wait_ms", param="scoring_wait_ms")
+        )
         object.__setattr__(
             self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
         )
@@ -185,6 +206,11 @@ class ServerConfig:
                 if f.name == "api_keys" and not values[f.name]:
                     raise InvalidRequestError(f"{name} is set but holds no key: {_NO_KEY}", param=name)
         return cls(**values)
+
+    @property
+    def scoring_queued(self) -> bool:
+        """Whether the draft's prompts are scored through a scoring queue (``scoring_queue`` resolved)."""
+        return self.max_concurrency > 1 if self.scoring_queue is None else self.scoring_queue
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some settings changed (validated again)."""
