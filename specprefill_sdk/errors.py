@@ -14,6 +14,7 @@ __all__ = [
     "ModelLoadError",
     "NotFoundError",
     "PolicyError",
+    "RequestCancelledError",
     "SpecPrefillError",
 ]
 
@@ -80,3 +81,11 @@ class BackendUnavailableError(SpecPrefillError, ConnectionError):
     status_code = 503
     error_type = "backend_unavailable"
     code = "backend_unavailable"
+
+
+class RequestCancelledError(SpecPrefillError):
+    """The request was cancelled (its client went away) before its work ran; nothing falls back for it."""
+
+    status_code = 499  # "client closed request": nobody reads the answer
+    error_type = "request_cancelled"
+    code = "request_cancelled"

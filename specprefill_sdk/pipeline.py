@@ -26,7 +26,7 @@ from opentelemetry import context as otel_context
 
 from ._aio import chunks_in_threads
 from ._timing import elapsed_ms
-from .errors import ContextTooLongError, InvalidRequestError
+from .errors import ContextTooLongError, InvalidRequestError, RequestCancelledError
 from .interfaces import Backend, Scorer, Selector
 from .prompt import PromptInput, build_prompt
 from .tracing import Finish, StageTrace, Telemetry, draft_name
@@ -63,7 +63,8 @@ def compress_prompts(
 
     A selector that decides without scores skips the scorer; the others are scored in one call
     (``score_batch`` if ``batch``, else ``score`` each). A scorer error other than `InvalidRequestError`
-    makes them dense, the reason in `Compression.fallback`, unless ``fallback_on_scorer_error`` is False.
+    or `RequestCancelledError` makes them dense, the reason in `Compression.fallback`, unless
+    ``fallback_on_scorer_error`` is False.
     ``score(indices)`` replaces the scorer's call for drivers that score another prompt than the one they
     select from (a conversation's draft session, a document read with its query); ``scorer`` names it.
     """
@@ -84,7 +85,8 @@ def compress_prompts(
                     values = scorer.score_batch(need) if batch else [scorer.score(p) for p in need]
                 scores = dict(zip(todo, values, strict=True))
             except Exception as exc:
-                if not fallback_on_scorer_error or isinstance(exc, InvalidRequestError):
+                # a cancelled request wants no answer, so no dense one either
+                if not fallback_on_scorer_error or isinstance(exc, InvalidRequestError | RequestCancelledError):
                     raise
                 fallback = f"scorer_error: {type(exc).__name__}: {exc}"
                 logger.warning("scorer failed, falling back to dense prefill: %s", fallback)

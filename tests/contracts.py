@@ -20,8 +20,10 @@ from specprefill_sdk.backends import OpenAIBackend, TransformersBackend, VLLMBac
 from specprefill_sdk.scoring import (
     DraftAttentionScorer,
     HeadTailScorer,
+    QueuedScorer,
     RandomScorer,
     RecencyScorer,
+    ScoringQueue,
     SelfInformationScorer,
     UniformScorer,
 )
@@ -82,6 +84,11 @@ SCORERS: list[Entry] = [
         SelfInformationScorer,
         lambda fixture: SelfInformationScorer(fixture("smollm_fp32"), chunk_size=64),
         invalid=(lambda: SelfInformationScorer("smollm2-135m", chunk_size=0),),
+    ),
+    Entry(
+        "queued-draft-attention",
+        QueuedScorer,
+        lambda fixture: QueuedScorer(DraftAttentionScorer(fixture("smollm_fp32")), ScoringQueue(max_wait_ms=0.0)),
     ),
     Entry("uniform", UniformScorer, lambda fixture: UniformScorer()),
     Entry("random", RandomScorer, lambda fixture: RandomScorer(seed=3), invalid=(lambda: RandomScorer(seed=0.5),)),  # type: ignore[arg-type]

@@ -24,7 +24,7 @@ from ..server.config import (
     ServerConfig,
     is_loopback_host,
 )
-from ._args import add_model_options, non_negative_int, positive_int, positive_number
+from ._args import add_model_options, non_negative_int, non_negative_number, positive_int, positive_number
 
 __all__ = ["API_KEY_ENV", "VLLM_OPTIONS", "add_arguments", "api_keys", "config_from_args", "engine_args", "main"]
 
@@ -141,6 +141,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--metrics",
         action="store_true",
         help="serve Prometheus metrics at GET /metrics (with --api-key it needs a key too; default: off)",
+    )
+    parser.add_argument(
+        "--scoring-queue",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="score concurrent requests' prompts together in batches (default: on with --max-concurrency above 1)",
+    )
+    parser.add_argument(
+        "--scoring-batch-tokens",
+        type=positive_int,
+        default=None,
+        help="the most prompt tokens one scoring batch holds (default: the draft's max_batch_tokens, 16384)",
+    )
+    parser.add_argument(
+        "--scoring-wait-ms",
+        type=non_negative_number,
+        default=_D.scoring_wait_ms,
+        help="how long a scoring batch waits for more prompts while other requests run; a request alone never "
+        f"waits (default: {_D.scoring_wait_ms:g})",
     )
     parser.add_argument(
         "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
@@ -274,6 +293,9 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         compile=args.compile,
         warmup_tokens=args.warmup_tokens,
         metrics=args.metrics,
+        scoring_queue=args.scoring_queue,
+        scoring_batch_tokens=args.scoring_batch_tokens,
+        scoring_wait_ms=args.scoring_wait_ms,
         host=args.host,
         port=args.port,
         log_level=args.log_level,

@@ -2,7 +2,8 @@
 
 - `DraftAttentionScorer`: the SpecPrefill method, a draft model's attention while it starts to answer;
 - `SelfInformationScorer`: surprisal under the draft (LLMLingua-style baseline);
-- `UniformScorer`, `RandomScorer`, `RecencyScorer`, `HeadTailScorer`: model-free baselines.
+- `UniformScorer`, `RandomScorer`, `RecencyScorer`, `HeadTailScorer`: model-free baselines;
+- `ScoringQueue` and `QueuedScorer`: prompts from many threads scored together in batches.
 
 Example::
 
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 from .baselines import HeadTailScorer, RandomScorer, RecencyScorer, UniformScorer
 from .draft_attention import DraftAttentionScorer
+from .queue import QueuedScorer, ScoringQueue
 from .self_information import SelfInformationScorer
 
 __all__ = [
     "DraftAttentionScorer",
     "HeadTailScorer",
+    "QueuedScorer",
     "RandomScorer",
     "RecencyScorer",
+    "ScoringQueue",
     "SelfInformationScorer",
     "UniformScorer",
 ]

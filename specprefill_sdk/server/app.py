@@ -59,6 +59,7 @@ from .schemas import (
     HealthResponse,
     ModelCard,
     ModelList,
+    ScoringQueueReport,
     SpecPrefillCapability,
     SpecPrefillOptions,
     SpecPrefillUsage,
@@ -195,8 +196,12 @@ def create_app(
 
     @app.get("/health", response_model=HealthResponse, tags=["server"])
     async def health() -> HealthResponse:
-        """Liveness and load: requests in flight (running + queued) and the queue depth."""
+        """Liveness and load: requests in flight (running + queued), the queue depth, the scoring queue."""
         stats = engine.admission.stats()
+        scoring = None
+        if engine.scoring is not None:
+            s = engine.scoring.stats()
+            scoring = ScoringQueueReport(**dataclasses.asdict(s), mean_batch_size=s.mean_batch_size)
         return HealthResponse(
             model=engine.served_model,
             draft=engine.draft_name,
@@ -208,6 +213,7 @@ def create_app(
             cancelled_streams=engine.cancelled_streams,
             conversations=len(engine.conversations),
             warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
+            scoring=scoring,
         )
 
     _add_metrics_route(app, engine, keyed=bool(keys))
@@ -513,7 +519,8 @@ async def _serve(
     try:
         prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
         if not body.stream:
-            completion = await engine.call(ctx, engine.run_generate, prepared)
+            async with _cancelled_on_disconnect(request, engine, ctx):
+                completion = await engine.call(ctx, engine.run_generate, prepared)
             engine.finished(ctx, ticket, prepared, completion)
             return JSONResponse(_response(kind, engine.served_model, completion, return_ids))
         iterator = await engine.call(ctx, engine.open_stream, prepared)
@@ -588,6 +595,28 @@ async def _serve_turn(
 
 
 # ----------------------------------------------------------------------------- response shapes
+@asynccontextmanager
+async def _cancelled_on_disconnect(request: Request, engine: ServingEngine, ctx: RequestContext) -> AsyncIterator[None]:
+    """Cancel the request (`ServingEngine.cancel`) if its client goes away while the body runs.
+
+    A stream learns of a disconnect from its response; a JSON answer is sent only at the end, so
+    the receive channel is watched meanwhile (the request's body was read before).
+    """
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        engine.cancel(ctx)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
     usage = completion.usage
     conversation: ConversationUsage | None = ServingEngine.turn_usage(turn) if turn is not None else None

@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_CONCURRENCY",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_MAX_TOKENS",
+    "DEFAULT_SCORING_WAIT_MS",
     "ENGINES",
     "ENV_PREFIX",
     "LOG_LEVELS",
@@ -40,6 +41,8 @@ __all__ = [
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 #: ``max_tokens`` when a request gives none (reduced to what the context still holds).
 DEFAULT_MAX_TOKENS = 256
+#: ``scoring_wait_ms`` by default: a few milliseconds, well below one scoring call of a draft.
+DEFAULT_SCORING_WAIT_MS = 5.0
 #: The prefix of the environment variables `ServerConfig.from_env` reads.
 ENV_PREFIX = "SPECPREFILL_"
 #: uvicorn's log levels, for ``log_level``.
@@ -85,6 +88,12 @@ class ServerConfig:
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
         metrics: serve Prometheus metrics at ``GET /metrics`` (``specprefill_sdk.server.metrics``); off:
             that route answers 404. With ``api_keys`` it needs a key, as the ``/v1`` routes do.
+        scoring_queue: score the draft's prompts of concurrent requests together in batches
+            (`specprefill_sdk.scoring.ScoringQueue`); None: on when ``max_concurrency`` is above 1.
+        scoring_batch_tokens: the most prompt tokens one scoring batch holds (None: the draft
+            scorer's ``ExecutionSettings.max_batch_tokens``, 16384 by default).
+        scoring_wait_ms: how long a scoring batch waits for more prompts while other requests run
+            (a request alone on the server never waits).
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
         engine: ``"transformers"`` (the target in this process) or ``"vllm"`` (the target in vLLM's
@@ -115,6 +124,9 @@ class ServerConfig:
     compile: bool = False
     warmup_tokens: int | None = None
     metrics: bool = False
+    scoring_queue: bool | None = None
+    scoring_batch_tokens: int | None = None
+    scoring_wait_ms: float = DEFAULT_SCORING_WAIT_MS
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
@@ -173,6 +185,15 @@ class ServerConfig:
             raise InvalidRequestError(f"port must be at most 65535, got {self.port}", param="port")
         if self.warmup_tokens is not None:
             check_int(self.warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
+        if self.scoring_queue is not None and not isinstance(self.scoring_queue, bool):
+            raise InvalidRequestError(
+                f"scoring_queue must be true, false or None, got {self.scoring_queue!r}", param="scoring_queue"
+            )
+        if self.scoring_batch_tokens is not None:
+            check_int(self.scoring_batch_tokens, "scoring_batch_tokens", param="scoring_batch_tokens", minimum=1)
+        object.__setattr__(
+            self, "scoring_wait_ms", check_float(self.scoring_wait_ms, "scoring_wait_ms", param="scoring_wait_ms")
+        )
         object.__setattr__(
             self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
         )
@@ -222,6 +243,13 @@ class ServerConfig:
     def engine_options(self) -> dict[str, Any]:
         """`engine_args` as a dict (vLLM's keyword arguments)."""
         return dict(self.engine_args)
+
+    @property
+    def scoring_queued(self) -> bool:
+        """Whether the draft's prompts are scored through a scoring queue (``scoring_queue`` resolved)."""
+        if self.scoring_queue is not None:
+            return self.scoring_queue
+        return self.max_concurrency is not None and self.max_concurrency > 1
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some settings changed (validated again)."""

@@ -5,7 +5,9 @@ building, scoring, prefill, decoding) runs on a small thread pool of ``max_concu
 behind the bounded `Admission` queue. A request's ``specprefill`` options pick a policy preset and
 override its fields; the pipelines built from them are cached and share the loaded models.
 Conversations kept on the server (``specprefill.conversation_id``) live in its `ConversationStore`;
-their turns run on the same workers, behind the same queue.
+their turns run on the same workers, behind the same queue. With ``scoring_queue`` on, the draft
+scorer of every pipeline scores through one `ScoringQueue`, so that concurrent requests' prompts
+are scored together in batches.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ from opentelemetry import metrics, propagate, trace
 
 from ..conversation import STRATEGIES, Conversation
 from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
-from ..interfaces import Backend, Scorer
+from ..interfaces import Backend, Executed, ModelScorer, Scorer
 from ..pipeline import Pipeline
 from ..policies import Policy, build_pipeline, list_policies, load_policy
 from ..prompt import PromptInput
+from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, REQUEST_CANCEL, QueuedScorer, ScoringQueue
 from ..types import (
     Completion,
     CompletionChunk,
@@ -79,16 +82,20 @@ class WarmUp:
 
 
 class RequestContext:
-    """One request's execution context: its trace parent, carried into every worker-thread step.
+    """One request's execution context: its trace parent and cancel event, carried into every worker-thread step.
 
     All steps of a request run inside one `contextvars.Context`, so spans opened in one step (a
     streaming generator's) are closed in the same context by a later step. ``arrived`` is when the
-    request was received (``time.perf_counter``), where its end-to-end latency starts.
+    request was received (``time.perf_counter``), where its end-to-end latency starts; the request's
+    prompt waiting in the scoring queue is the one `ServingEngine.cancel` drops.
     """
 
     def __init__(self, headers: Mapping[str, str] | None = None) -> None:
         self.arrived = time.perf_counter()
         self._ctx = contextvars.copy_context()
+        #: Set when the request is cancelled (its client went away): see `ServingEngine.cancel`.
+        self.cancelled = threading.Event()
+        self._ctx.run(REQUEST_CANCEL.set, self.cancelled)
         if headers and not trace.get_current_span().get_span_context().is_valid:
             # Continue the caller's W3C trace (traceparent/tracestate) unless a server span is active.
             carrier = {k.lower(): v for k, v in headers.items() if k.lower() in ("traceparent", "tracestate")}
@@ -151,6 +158,8 @@ class StreamHandle:
             if self._engine.metrics is not None:
                 self._engine.metrics.aborted()
             logger.info("a stream was stopped before its end (the client went away)")
+            # a first step still waiting for its scores would hold the context's lock until scored
+            self._engine.cancel(self._ctx)
         try:
             close = getattr(self._iterator, "close", None)
             if close is not None:
@@ -235,7 +244,7 @@ class ServingEngine:
         self.max_prompt_tokens = config.max_prompt_tokens
         self.max_output_tokens = config.max_output_tokens
         self.default_max_tokens = config.default_max_tokens
-        self.admission = Admission(max_concurrency, config.max_queue)
+        self.admission = _Admission(max_concurrency, config.max_queue, on_release=self._released)
         #: Streams stopped before their end because the client went away.
         self.cancelled_streams = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
@@ -244,6 +253,15 @@ class ServingEngine:
         self._pipelines_lock = threading.Lock()
         self._base_scorer = scorer
         self._dense: Pipeline | None = None
+        #: The queue every pipeline's draft scorer scores through (None: ``scoring_queue`` is off).
+        self.scoring: ScoringQueue | None = None
+        if config.scoring_queued and scorer is not None:
+            tokens = config.scoring_batch_tokens
+            if tokens is None:
+                tokens = scorer.execution.max_batch_tokens if isinstance(scorer, Executed) else DEFAULT_MAX_BATCH_TOKENS
+            # A batch waits for more prompts only while more requests run than prompts wait: a
+            # request alone is scored at once.
+            self.scoring = ScoringQueue(tokens, config.scoring_wait_ms, active=lambda: self.admission.stats().running)
         self._policy_names = sorted(list_policies())
         if self._policy_names and policy not in self._policy_names:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
@@ -311,7 +329,26 @@ class ServingEngine:
         return await loop.run_in_executor(self._executor, ctx.run, fn, *args)
 
     def shutdown(self) -> None:
+        if self.scoring is not None:
+            self.scoring.close(timeout=0)  # prompts still waiting fail; a batch being scored ends on its own
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def cancel(self, ctx: RequestContext) -> None:
+        """Cancel a request whose client went away: its prompt still waiting to be scored is dropped.
+
+        The request's step that waited for it raises `RequestCancelledError` (no dense fallback);
+        work already running (a batch being scored, a prefill, decoding) is not interrupted here.
+        """
+        if self.scoring is not None:
+            dropped = self.scoring.cancel(ctx.cancelled)
+            if dropped:
+                logger.info("dropped a prompt waiting to be scored: its client went away")
+        else:
+            ctx.cancelled.set()
+
+    def _released(self) -> None:
+        if self.scoring is not None:
+            self.scoring.wake()  # one running request fewer: a waiting batch may not need to wait
 
     def warm_up(self, tokens: int) -> WarmUp:
         """Serve one request of up to ``tokens`` prompt tokens, and prefill it whole, on a model worker.
@@ -400,7 +437,12 @@ class ServingEngine:
         return self._dense
 
     def _build(self, policy: Policy | None) -> Pipeline:
-        return build_pipeline(policy, self._base_scorer, self.backend, **self._telemetry)
+        pipeline = build_pipeline(policy, self._base_scorer, self.backend, **self._telemetry)
+        scorer = pipeline.scorer
+        # Only a scorer that runs a draft gains from batching; baselines score at once.
+        if self.scoring is not None and isinstance(scorer, ModelScorer) and scorer.model_name is not None:
+            pipeline.scorer = QueuedScorer(scorer, self.scoring)
+        return pipeline
 
     def _cached(self, key: tuple[Any, ...], build: Callable[[], Pipeline]) -> Pipeline:
         with self._pipelines_lock:
@@ -650,6 +692,20 @@ class ServingEngine:
             evicted_tokens=stats.evicted_tokens,
             draft_tokens=stats.draft_tokens,
         )
+
+
+class _Admission(Admission):
+    """`Admission` that reports each released slot (the scoring queue's batches wait on running requests)."""
+
+    def __init__(self, max_concurrency: int, max_queue: int, *, on_release: Callable[[], None]) -> None:
+        super().__init__(max_concurrency, max_queue)
+        self._on_release = on_release
+
+    def release(self, ticket: Ticket) -> None:
+        held = not ticket.released
+        super().release(ticket)
+        if held:
+            self._on_release()
 
 
 #: The ``specprefill`` fields a conversation's later turns may send.

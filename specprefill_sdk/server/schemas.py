@@ -38,6 +38,7 @@ __all__ = [
     "HealthResponse",
     "ModelCard",
     "ModelList",
+    "ScoringQueueReport",
     "SpecPrefillCapability",
     "SpecPrefillOptions",
     "SpecPrefillUsage",
@@ -446,6 +447,20 @@ class WarmUpReport(BaseModel):
     seconds: float
 
 
+class ScoringQueueReport(BaseModel):
+    """The scoring queue that batches concurrent requests' draft scoring (``--scoring-queue``)."""
+
+    depth: int = Field(description="Prompts waiting to be scored.")
+    batches: int = Field(description="Batches scored, one draft call each.")
+    prompts: int = Field(description="Prompts scored in those batches.")
+    largest_batch: int
+    mean_batch_size: float
+    scoring_ms: float = Field(description="Time spent in the draft's scoring calls.")
+    cancelled: int = Field(description="Prompts dropped while waiting because their client went away.")
+    max_batch_tokens: int
+    max_wait_ms: float
+
+
 class HealthResponse(BaseModel):
     status: Literal["ok"] = "ok"
     model: str
@@ -458,6 +473,7 @@ class HealthResponse(BaseModel):
     cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
     conversations: int = Field(0, description="Conversations stored on the server.")
     warmup: WarmUpReport | None = Field(None, description="The warm-up run at start (None: none ran).")
+    scoring: ScoringQueueReport | None = Field(None, description="The scoring queue (None: scoring is not queued).")
 
 
 class ConversationTurn(BaseModel):
