@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -77,13 +78,12 @@ logger = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
     for status, text in (
-        (400, "Invalid request (malformed JSON, unknown policy, ids or positions out of range)"),
+        (400, "Invalid request (malformed JSON, a body off the schema, unknown policy, ids or positions out of range)"),
         (401, "Missing or wrong API key, or more than one Authorization header"),
         (403, "Without API keys: a Host header that is not loopback"),
         (404, "Unknown model or conversation"),
         (409, "The conversation is answering another request, or already exists"),
         (413, "Body or prompt too large"),
-        (422, "The body does not match the schema"),
         (429, "The queue is full, or every stored conversation is in use; see Retry-After"),
     )
 }
@@ -175,6 +175,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.engine = engine
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     install_error_handlers(app)
     # Without keys nothing but the Host header tells a local client from a web page that rebinds
     # its own name to this address.
@@ -242,6 +243,18 @@ def _add_metrics_route(app: FastAPI, engine: ServingEngine, *, keyed: bool) -> N
     async def metrics_route() -> Response:
         """Prometheus metrics in the text format 0.0.4: vLLM's names where they apply, and ``specprefill:``."""
         return Response(content=metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document without the 422 answers it declares for every body: this server answers 400."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return app.openapi_schema or {}
 
 
 def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:

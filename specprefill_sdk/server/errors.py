@@ -5,7 +5,9 @@ Every answer that is not a success carries ``{"error": {"message", "type", "para
 ====  ==============================  =================================================================
 code  ``error.type``                  when
 ====  ==============================  =================================================================
-400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, text with a lone surrogate
+400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, a body that does not match the
+                                      schema (wrong types, out of range: ``invalid_value``, ``param``
+                                      the dotted field path), text with a lone surrogate
                                       (``invalid_text``), a value the SDK rejects (unknown
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
@@ -19,7 +21,6 @@ code  ``error.type``                  when
                                       ``--max-prompt-tokens``
 409   ``invalid_request_error``       a conversation already answering a request (``conversation_busy``)
                                       or started twice (``conversation_exists``)
-422   ``invalid_request_error``       the body does not match the schema (wrong types, out of range)
 429   ``rate_limit_error``            the queue is full, or every stored conversation is in use;
                                       ``Retry-After`` says when to come back
 ====  ==============================  =================================================================
@@ -103,7 +104,6 @@ _HTTP_TYPES: dict[int, tuple[str, str | None]] = {
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
     415: ("invalid_request_error", "unsupported_media_type"),
-    422: ("invalid_request_error", "invalid_value"),
     429: ("rate_limit_error", "server_overloaded"),
 }
 
@@ -138,18 +138,22 @@ def _is_type_tag(part: Any) -> bool:
     return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
 
 
-def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, int, str]:
-    """Message, param, status and code for a list of pydantic errors."""
+def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, str]:
+    """Message, param and code for a list of pydantic errors (all answered with 400).
+
+    OpenAI and vLLM answer a body that does not match the schema with 400 ``invalid_request_error``,
+    not FastAPI's 422; the openai client raises its ``BadRequestError`` for 400 only.
+    """
     if not errors:
-        return "the request body is invalid", None, 422, "invalid_value"
+        return "the request body is invalid", None, "invalid_value"
     first = errors[0]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        return f"the body is not valid JSON: {ctx.get('error', 'decode error')}", None, 400, "invalid_json"
+        return f"the body is not valid JSON: {ctx.get('error', 'decode error')}", None, "invalid_json"
     loc = first.get("loc") or ()
     param = _loc_param(loc)
     if first.get("type") == "missing" and tuple(loc) == ("body",):
-        return "the request needs a JSON body", None, 400, "invalid_json"
+        return "the request needs a JSON body", None, "invalid_json"
     # Text no tokenizer can read is not a type or range problem: the request itself is invalid. Among
     # the errors of a union's members it is the one that says what to fix.
     # (pydantic reports "string_unicode" itself where a length constraint made it read the text.)
@@ -159,19 +163,19 @@ def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str |
         message = "not valid Unicode text: a lone surrogate"
         if unencodable[0].get("type") == UNENCODABLE_TEXT:
             message = str(unencodable[0].get("msg"))
-        return f"{where or 'body'}: {message}", where, 400, "invalid_text"
+        return f"{where or 'body'}: {message}", where, "invalid_text"
     lines = []
     for err in errors[:5]:
         where = _loc_param(err.get("loc") or ()) or "body"
         lines.append(f"{where}: {err.get('msg', 'invalid value')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return "; ".join(lines) + more, param, 422, "invalid_value"
+    return "; ".join(lines) + more, param, "invalid_value"
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    message, param, status, code = _validation_message(list(exc.errors()))
-    return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=status)
+    message, param, code = _validation_message(list(exc.errors()))
+    return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=400)
 
 
 async def _on_sdk_error(request: Request, exc: Exception) -> JSONResponse:
