@@ -258,7 +258,13 @@ class StreamOptions(_Lenient):
 class _SamplingFields(_Lenient):
     model: Text | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
     # Numbers and switches are strict, as OpenAI's API is: `"max_tokens": true` is a 400, not 1.
-    max_tokens: int | None = Field(None, ge=1, strict=True, description="Tokens to generate (default 256).")
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="Tokens to generate (default: what the context leaves after the prompt, within the server's "
+        "--max-output-tokens).",
+    )
     temperature: float | None = Field(None, ge=0.0, le=2.0, strict=True)
     top_p: float | None = Field(None, gt=0.0, le=1.0, strict=True)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
