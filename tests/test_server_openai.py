@@ -65,3 +65,90 @@ def test_max_tokens_defaults_to_what_the_context_leaves(backend: Any) -> None:
     long_prompt = "word " * (context - 20)
     n_long = len(backend.tokenizer(long_prompt)["input_ids"])
     assert resolved(ServerConfig(policy="dense", default_max_tokens=4000), long_prompt) == context - n_long
+
+
+# ----------------------------------------------------------------------------- fields refused, not ignored
+HI = [{"role": "user", "content": "Hi"}]
+REFUSED_CHAT: dict[str, dict[str, Any]] = {
+    "n": {"n": 2},
+    "response_format": {"response_format": {"type": "json_object"}},
+    "response_format json_schema": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    },
+    "logit_bias": {"logit_bias": {"42": 5}},
+    "functions": {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
+    "function_call": {"function_call": {"name": "f"}},
+    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    "tool_choice": {"tool_choice": "required"},
+    "logprobs": {"logprobs": True},
+    "top_logprobs": {"top_logprobs": 2},
+    "presence_penalty": {"presence_penalty": 0.5},
+    "frequency_penalty": {"frequency_penalty": -1.0},
+    "repetition_penalty": {"extra_body": {"repetition_penalty": 1.2}},
+}
+REFUSED_COMPLETION: dict[str, dict[str, Any]] = {
+    "logprobs": {"logprobs": 1},
+    "echo": {"echo": True},
+    "best_of": {"best_of": 2},
+    "suffix": {"suffix": "the end"},
+    "n": {"n": 3},
+    "logit_bias": {"logit_bias": {"42": -100}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_CHAT))
+def test_a_chat_field_the_server_cannot_honour_is_a_400_naming_it(client: openai.OpenAI, case: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=1, **REFUSED_CHAT[case])  # type: ignore[call-overload]
+    assert info.value.param == case.split()[0] and info.value.code == "unsupported_parameter", info.value.body
+    assert "not served" in info.value.message
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED_COMPLETION))
+def test_a_completion_field_the_server_cannot_honour_is_a_400_naming_it(client: openai.OpenAI, case: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="Hi", max_tokens=1, **REFUSED_COMPLETION[case])
+    assert info.value.param == case and info.value.code == "unsupported_parameter", info.value.body
+
+
+def test_the_values_that_ask_for_nothing_are_served(client: openai.OpenAI) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL,
+        messages=HI,  # type: ignore[arg-type]
+        max_tokens=1,
+        n=1,
+        response_format={"type": "text"},
+        logit_bias={},
+        tool_choice="none",
+        logprobs=False,
+        presence_penalty=0,
+        frequency_penalty=0.0,
+        extra_body={"specprefill": {"enabled": False}, "repetition_penalty": 1.0},
+    )
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+def _at_eos(backend: Any) -> list[int]:
+    """Token ids of a chat whose answer is complete but for its end token: greedy decoding stops at once."""
+    from specprefill_sdk.prompt import build_prompt
+
+    chat = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello! How can I help you?"}]
+    ids = list(build_prompt(backend.tokenizer, chat, add_generation_prompt=False).token_ids)
+    end = max(i for i, t in enumerate(ids) if t == backend.tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return ids[:end]
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence(client: openai.OpenAI, backend: Any) -> None:
+    # vLLM's extension, which `vllm bench serve` sends for answers of a fixed length
+    prompt = _at_eos(backend)
+    dense = {"specprefill": {"enabled": False}}
+    stops = client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body=dense)
+    assert stops.choices[0].finish_reason == "stop" and stops.usage is not None and stops.usage.completion_tokens < 3
+    goes_on = client.completions.create(
+        model=MODEL, prompt=prompt, max_tokens=3, extra_body={**dense, "ignore_eos": True}
+    )
+    assert goes_on.choices[0].finish_reason == "length"
+    assert goes_on.usage is not None and goes_on.usage.completion_tokens == 3
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": "yes"})
+    assert info.value.param == "ignore_eos"

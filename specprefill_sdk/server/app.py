@@ -506,6 +506,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int |
         "top_p": body.top_p,
         "stop": tuple(stops),
         "seed": body.seed,
+        "ignore_eos": body.ignore_eos,
     }
 
 

@@ -7,7 +7,8 @@ code  ``error.type``                  when
 ====  ==============================  =================================================================
 400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, a body that does not match the
                                       schema (wrong types, out of range: ``invalid_value``, ``param``
-                                      the dotted field path), text with a lone surrogate
+                                      the dotted field path), a field the server cannot honour
+                                      (``unsupported_parameter``), text with a lone surrogate
                                       (``invalid_text``), a value the SDK rejects (unknown
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
@@ -39,7 +40,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecPrefillError
-from .schemas import UNENCODABLE_TEXT
+from .schemas import UNENCODABLE_TEXT, UNSERVED_FIELD
 
 __all__ = [
     "AuthenticationError",
@@ -164,6 +165,11 @@ def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str |
         if unencodable[0].get("type") == UNENCODABLE_TEXT:
             message = str(unencodable[0].get("msg"))
         return f"{where or 'body'}: {message}", where, "invalid_text"
+    # A field this server cannot honour with the value given: say that, rather than a type problem.
+    unserved = [err for err in errors if err.get("type") == UNSERVED_FIELD]
+    if unserved:
+        where = _loc_param(unserved[0].get("loc") or ())
+        return f"{where or 'body'}: {unserved[0].get('msg')}", where, "unsupported_parameter"
     lines = []
     for err in errors[:5]:
         where = _loc_param(err.get("loc") or ()) or "body"
