@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from server_utils import serve_in_thread
@@ -152,3 +153,66 @@ def test_ignore_eos_generates_past_the_end_of_sequence(client: openai.OpenAI, ba
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model=MODEL, prompt=prompt, max_tokens=3, extra_body={"ignore_eos": "yes"})
     assert info.value.param == "ignore_eos"
+
+
+# ----------------------------------------------------------------------------- vLLM's tokenize routes
+def test_tokenize_and_detokenize_answer_at_vllms_paths_with_its_fields(url: str, backend: Any) -> None:
+    text = "The lighthouse keeper wrote down the wind."
+    chat = [{"role": "user", "content": text}]
+    for path in ("/tokenize", "/v1/tokenize"):
+        by_prompt = httpx.post(f"{url}{path}", json={"model": MODEL, "prompt": text}, timeout=60).json()
+        assert by_prompt["tokens"] == backend.tokenizer(text)["input_ids"]
+        assert by_prompt["count"] == len(by_prompt["tokens"]) and by_prompt["max_model_len"] == backend.max_context
+        assert by_prompt["token_strs"] is None
+        by_chat = httpx.post(f"{url}{path}", json={"model": MODEL, "messages": chat}, timeout=60).json()
+        assert by_chat["count"] > by_prompt["count"]  # the template's tokens around the text
+        strs = httpx.post(f"{url}{path}", json={"prompt": text, "return_token_strs": True}, timeout=60).json()
+        assert strs["token_strs"] == backend.tokenizer.convert_ids_to_tokens(by_prompt["tokens"])
+    for path in ("/detokenize", "/v1/detokenize"):
+        back = httpx.post(f"{url}{path}", json={"model": MODEL, "tokens": by_chat["tokens"]}, timeout=60)
+        assert back.status_code == 200 and back.json() == {"prompt": backend.tokenizer.decode(by_chat["tokens"])}
+        assert text in back.json()["prompt"] and "<|im_start|>" in back.json()["prompt"]
+
+
+TOKEN_ROUTE_ERRORS: dict[str, tuple[str, dict[str, Any], str, str]] = {
+    "id outside the vocabulary": ("/detokenize", {"tokens": [1, 10**9]}, "tokens.1", "invalid_value"),
+    "ids as strings": ("/detokenize", {"tokens": ["1"]}, "tokens.0", "invalid_value"),
+    "no tokens": ("/detokenize", {"model": MODEL}, "tokens", "invalid_value"),
+    "unknown model": ("/detokenize", {"model": "gpt-4o", "tokens": [1]}, "model", "model_not_found"),
+    "special tokens added to a chat": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "Hi"}], "add_special_tokens": True},
+        "add_special_tokens",
+        "unsupported_parameter",
+    ),
+    "another chat template": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "Hi"}], "chat_template": "{{ messages }}"},
+        "chat_template",
+        "unsupported_parameter",
+    ),
+    "an open final message": (
+        "/tokenize",
+        {"messages": [{"role": "user", "content": "Hi"}], "continue_final_message": True},
+        "continue_final_message",
+        "unsupported_parameter",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TOKEN_ROUTE_ERRORS))
+def test_the_token_routes_refuse_what_they_cannot_do(url: str, case: str) -> None:
+    path, body, param, code = TOKEN_ROUTE_ERRORS[case]
+    response = httpx.post(f"{url}{path}", json=body, timeout=60)
+    assert response.status_code in (400, 404), response.text
+    assert response.json()["error"]["param"] == param and response.json()["error"]["code"] == code
+
+
+def test_the_root_token_routes_need_the_api_key(backend: Any) -> None:
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    with serve_in_thread(create_app(ServerConfig(policy="dense", api_keys=("k-1",)), backend=backend)) as base:
+        for path, body in (("/tokenize", {"prompt": "Hi"}), ("/detokenize", {"tokens": [1, 2]})):
+            assert httpx.post(f"{base}{path}", json=body, timeout=60).status_code == 401
+            keyed = httpx.post(f"{base}{path}", json=body, headers={"Authorization": "Bearer k-1"}, timeout=60)
+            assert keyed.status_code == 200, keyed.text

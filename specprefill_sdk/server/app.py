@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server: `create_app` builds the FastAPI application.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/tokenize``,
+``POST /v1/detokenize`` (both also at vLLM's root paths ``/tokenize``, ``/detokenize``),
 ``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``,
 ``GET``/``DELETE /v1/conversations/{id}`` (conversations kept on the server), ``GET /health``,
 ``GET /metrics`` (Prometheus, with ``ServerConfig.metrics``; `specprefill_sdk.server.metrics`).
@@ -56,6 +57,8 @@ from .schemas import (
     ConversationObject,
     ConversationTurn,
     ConversationUsage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     HealthResponse,
     ModelCard,
@@ -187,7 +190,12 @@ def create_app(
     security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
     _add_routes(router, engine, keyed=bool(keys))
+    _add_token_routes(router, engine)
     app.include_router(router)
+    # vLLM serves tokenize and detokenize at the root: clients written for it find them there too.
+    root = APIRouter(dependencies=security, responses=_ERRORS)
+    _add_token_routes(root, engine)
+    app.include_router(root)
 
     @app.head("/health", include_in_schema=False)
     async def health_head() -> Response:
@@ -383,35 +391,6 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         engine.check_model(body.model)
         return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens)
 
-    @router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
-    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-        """The target's token ids for ``messages`` (chat template applied) or ``prompt``."""
-        engine.check_model(body.model)
-        if (body.messages is None) == (body.prompt is None):
-            raise _invalid("give exactly one of messages or prompt", "messages")
-        ctx = RequestContext(request.headers)
-        prompt_input: PromptInput = (
-            body.prompt
-            if body.prompt is not None
-            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
-        )
-
-        def run() -> Prompt:
-            from ..prompt import build_prompt
-
-            return build_prompt(
-                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
-            )
-
-        ticket = await engine.admission.acquire()
-        try:
-            prompt = await engine.call(ctx, run)
-        finally:
-            engine.admission.release(ticket)
-        return TokenizeResponse(
-            tokens=list(prompt.token_ids), count=prompt.n, max_model_len=engine.max_context, model=engine.served_model
-        )
-
     @router.get("/conversations/{conversation_id}", response_model=ConversationObject, tags=["conversations"])
     async def get_conversation(conversation_id: str, request: Request) -> ConversationObject:
         """A stored conversation: its messages and what each turn prefilled (does not extend its TTL)."""
@@ -436,6 +415,64 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         """End a stored conversation now and free its caches (409 while it answers a request)."""
         engine.conversations.delete(owner(request), conversation_id)
         return ConversationDeleted(id=conversation_id)
+
+
+def _add_token_routes(router: APIRouter, engine: ServingEngine) -> None:
+    @router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
+    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        """The target's token ids for ``messages`` (chat template applied) or ``prompt``, as vLLM's route."""
+        engine.check_model(body.model)
+        if (body.messages is None) == (body.prompt is None):
+            raise _invalid("give exactly one of messages or prompt", "messages")
+        # The template writes a chat's special tokens; a text prompt gets the tokenizer's (vLLM's defaults).
+        special = body.prompt is not None
+        if body.add_special_tokens is not None and body.add_special_tokens != special:
+            raise InvalidRequestError(
+                f"add_special_tokens={str(body.add_special_tokens).lower()} is not served for "
+                f"{'a prompt' if special else 'messages'}: the ids are those the target prefills; leave it out",
+                param="add_special_tokens",
+                code="unsupported_parameter",
+            )
+        ctx = RequestContext(request.headers)
+        prompt_input: PromptInput = (
+            body.prompt
+            if body.prompt is not None
+            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
+        )
+
+        def run() -> Prompt:
+            from ..prompt import build_prompt
+
+            return build_prompt(
+                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
+            )
+
+        ticket = await engine.admission.acquire()
+        try:
+            prompt = await engine.call(ctx, run)
+        finally:
+            engine.admission.release(ticket)
+        tokens = list(prompt.token_ids)
+        strs = engine.backend.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return TokenizeResponse(
+            tokens=tokens,
+            count=len(tokens),
+            max_model_len=engine.max_context,
+            token_strs=strs,
+            model=engine.served_model,
+        )
+
+    @router.post("/detokenize", response_model=DetokenizeResponse, tags=["tokens"])
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of ``tokens`` (special tokens included), as vLLM's route."""
+        engine.check_model(body.model)
+        bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {body.tokens[bad]} is outside the vocabulary [0, {engine.vocab_size})",
+                param=f"tokens.{bad}",
+            )
+        return DetokenizeResponse(prompt=engine.backend.tokenizer.decode(body.tokens))
 
 
 def _model_card(engine: ServingEngine) -> ModelCard:

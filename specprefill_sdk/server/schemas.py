@@ -37,6 +37,8 @@ __all__ = [
     "ConversationTurn",
     "ConversationUsage",
     "DeltaMessage",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "ErrorDetail",
     "ErrorResponse",
     "HealthResponse",
@@ -390,20 +392,48 @@ class CompletionRequest(_SamplingFields):
 
 
 class TokenizeRequest(_Lenient):
-    """``POST /v1/tokenize``: the ids the target prefills for ``messages`` (chat template) or ``prompt``."""
+    """``POST /v1/tokenize`` (and vLLM's ``POST /tokenize``): the ids the target prefills for
+    ``messages`` (chat template) or ``prompt``; the fields of vLLM's two tokenize requests."""
 
     model: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=4096)
     prompt: Text | None = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool | None = Field(
+        None,
+        description="As vLLM: true for prompt, false for messages (the template writes them); only that value.",
+    )
+    return_token_strs: bool = Field(False, description="Add each token's string (token_strs).")
+    continue_final_message: Annotated[
+        bool | None, _refuse(bool, "not served: the last message is always closed; leave it out or send false")
+    ] = None
+    chat_template: Annotated[
+        Text | None, _refuse(lambda _: True, "not served: the model's own chat template is applied; leave it out")
+    ] = None
+
+
+class DetokenizeRequest(_Lenient):
+    """``POST /v1/detokenize`` (and vLLM's ``POST /detokenize``): the text of token ids."""
+
+    model: Text | None = None
+    tokens: list[Annotated[int, Field(strict=True)]] = Field(max_length=MAX_WIRE_TOKENS)
 
 
 # ----------------------------------------------------------------------------- responses
 class TokenizeResponse(BaseModel):
+    """vLLM's tokenize answer, with the served model's id."""
+
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = Field(None, description="Each token's string (return_token_strs).")
     model: str
+
+
+class DetokenizeResponse(BaseModel):
+    """vLLM's detokenize answer: the decoded text."""
+
+    prompt: str
 
 
 class ChatResponseMessage(BaseModel):
