@@ -216,3 +216,67 @@ def test_the_root_token_routes_need_the_api_key(backend: Any) -> None:
             assert httpx.post(f"{base}{path}", json=body, timeout=60).status_code == 401
             keyed = httpx.post(f"{base}{path}", json=body, headers={"Authorization": "Bearer k-1"}, timeout=60)
             assert keyed.status_code == 200, keyed.text
+
+
+# ----------------------------------------------------------------------------- request ids
+def test_the_clients_request_id_is_echoed_and_names_the_completion(client: openai.OpenAI) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=HI,  # type: ignore[arg-type]
+        max_tokens=1,
+        extra_headers={"X-Request-Id": "req-42.a:b"},
+        extra_body={"specprefill": {"enabled": False}},
+    )
+    assert raw.headers["x-request-id"] == "req-42.a:b"
+    assert raw.parse().id == "chatcmpl-req-42.a:b"
+    stream = client.completions.create(
+        model=MODEL,
+        prompt="Hi",
+        max_tokens=1,
+        stream=True,
+        extra_headers={"X-Request-Id": "stream-7"},
+        extra_body={"specprefill": {"enabled": False}},
+    )
+    assert stream.response.headers["x-request-id"] == "stream-7"
+    assert {chunk.id for chunk in stream} == {"cmpl-stream-7"}
+
+
+def test_every_answer_carries_a_request_id_and_bad_ones_are_replaced(url: str, backend: Any) -> None:
+    import re
+
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    def rid(response: httpx.Response) -> str:
+        return response.headers["x-request-id"]
+
+    fresh = re.compile(r"^[0-9a-f]{32}$")
+    ok = httpx.post(f"{url}/v1/tokenize", json={"prompt": "Hi"}, timeout=60)
+    assert ok.status_code == 200 and fresh.match(rid(ok))
+    assert rid(httpx.post(f"{url}/v1/tokenize", json={"prompt": "Hi"}, timeout=60)) != rid(ok)  # one per request
+    for given in ("x" * 129, "has space", "tab\there", "caf\u00e9"):
+        response = httpx.post(
+            f"{url}/v1/tokenize", json={"prompt": "Hi"}, headers={"X-Request-Id": given.encode()}, timeout=60
+        )
+        assert fresh.match(rid(response)), given
+    sent = {"X-Request-Id": "err-1"}
+    assert rid(httpx.post(f"{url}/v1/chat/completions", json={"n": 2}, headers=sent, timeout=60)) == "err-1"  # 400
+    assert rid(httpx.get(f"{url}/v1/nowhere", headers=sent, timeout=60)) == "err-1"  # 404
+    too_big = httpx.post(f"{url}/v1/completions", content=b"{" + b" " * (5 << 20) + b"}", headers=sent, timeout=60)
+    assert too_big.status_code == 413 and rid(too_big) == "err-1"  # refused before routing
+
+    class FailingBackend(type(backend)):  # type: ignore[misc]
+        """The real backend, whose generation fails as no SDK error (a bug), so the server answers 500."""
+
+        def generate(self, prompt: Any, params: Any) -> Any:
+            raise RuntimeError("boom")
+
+    app = create_app(ServerConfig(policy="dense", api_keys=("k-1",)), backend=FailingBackend(backend.loaded))
+    with serve_in_thread(app) as base:
+        assert rid(httpx.get(f"{base}/v1/models", headers=sent, timeout=60)) == "err-1"  # 401
+        failed = httpx.post(
+            f"{base}/v1/completions",
+            json={"prompt": "Hi", "max_tokens": 1},
+            headers={**sent, "Authorization": "Bearer k-1"},
+            timeout=60,
+        )
+        assert failed.status_code == 500 and rid(failed) == "err-1", failed.text

@@ -47,6 +47,7 @@ from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, GuardMiddleware, HostCheck
+from .request_id import RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -186,6 +187,8 @@ def create_app(
     app.add_middleware(
         GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None, host_check=host_check
     )
+    # Added last, so outermost: refusals before routing (401, 403, 413) carry the request id too.
+    app.add_middleware(RequestIdMiddleware)
     # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
     security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
@@ -559,6 +562,7 @@ async def _serve(
     options = body.specprefill
     return_ids = bool(options and options.return_token_ids)
     ctx = RequestContext(request.headers)
+    rid = request_id(request)
     ticket = await engine.admission.acquire()
     handle: StreamHandle | None = None
     try:
@@ -566,14 +570,14 @@ async def _serve(
         if not body.stream:
             completion = await engine.call(ctx, engine.run_generate, prepared)
             engine.finished(ctx, ticket, prepared, completion)
-            return JSONResponse(_response(kind, engine.served_model, completion, return_ids))
+            return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid))
         iterator = await engine.call(ctx, engine.open_stream, prepared)
         handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
     finally:
         if handle is None:
             engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(handle, kind, engine.served_model, include_usage, return_ids)
+    events = _events(handle, kind, engine.served_model, include_usage, return_ids, rid)
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -618,7 +622,9 @@ async def _serve_turn(
             if not body.stream:
                 completion = await engine.call(ctx, engine.run_turn, turn)
                 engine.finished(ctx, ticket, turn, completion)
-                payload = _response("chat", engine.served_model, completion, options.return_token_ids, turn)
+                payload = _response(
+                    "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn
+                )
                 return JSONResponse(payload, headers=headers)
             iterator = await engine.call(ctx, engine.open_turn_stream, turn)
             handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
@@ -629,7 +635,9 @@ async def _serve_turn(
         if handle is None:
             store.release(entry)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(handle, "chat", engine.served_model, include_usage, options.return_token_ids, turn)
+    events = _events(
+        handle, "chat", engine.served_model, include_usage, options.return_token_ids, request_id(request), turn
+    )
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -658,7 +666,7 @@ def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
 
 
 def _response(
-    kind: str, model: str, completion: Completion, return_ids: bool, turn: Turn | None = None
+    kind: str, model: str, completion: Completion, return_ids: bool, rid: str, turn: Turn | None = None
 ) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
@@ -677,7 +685,7 @@ def _response(
     if ids is not None:
         choice["token_ids"] = ids
     return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": _completion_id(prefix, rid),
         "object": obj,
         "created": created,
         "model": model,
@@ -691,14 +699,25 @@ def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+def _completion_id(prefix: str, rid: str) -> str:
+    """``chatcmpl-<request id>`` (or ``cmpl-``), as vLLM names completions; a new id outside a request."""
+    return f"{prefix}-{rid or uuid.uuid4().hex}"
+
+
 async def _events(
-    handle: StreamHandle, kind: str, model: str, include_usage: bool, return_ids: bool, turn: Turn | None = None
+    handle: StreamHandle,
+    kind: str,
+    model: str,
+    include_usage: bool,
+    return_ids: bool,
+    rid: str,
+    turn: Turn | None = None,
 ) -> AsyncGenerator[str, None]:
     """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE]."""
     created = int(time.time())
     prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
     base = {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": _completion_id(prefix, rid),
         "object": obj,
         "created": created,
         "model": model,
@@ -739,7 +758,7 @@ async def _events(
     except SpecPrefillError as exc:
         yield _sse(exc.to_openai())
     except Exception:
-        logger.exception("a stream failed")
+        logger.exception("a stream failed (request %s)", rid)
         yield _sse(error_body("the server failed while generating", "server_error", code="internal_error"))
 
 

@@ -40,6 +40,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecPrefillError
+from .request_id import REQUEST_ID_HEADER, request_id
 from .schemas import UNENCODABLE_TEXT, UNSERVED_FIELD
 
 __all__ = [
@@ -187,7 +188,7 @@ async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse
 async def _on_sdk_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SpecPrefillError)
     if exc.status_code >= 500:
-        logger.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        logger.warning("%s %s failed (request %s): %s", request.method, request.url.path, request_id(request), exc)
     return error_response(exc)
 
 
@@ -205,10 +206,13 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unexpected error in %s %s", request.method, request.url.path)
+    rid = request_id(request)
+    logger.exception("unexpected error in %s %s (request %s)", request.method, request.url.path, rid)
+    # Starlette answers this one outside every middleware: the request id header is set here.
     return JSONResponse(
         error_body("the server failed to handle this request", "server_error", code="internal_error"),
         status_code=500,
+        headers={REQUEST_ID_HEADER: rid} if rid else None,
     )
 
 
