@@ -43,6 +43,8 @@ def test_the_cli_builds_the_config_from_its_options_and_the_key_variable() -> No
         ("max_prompt_tokens", 0),
         ("max_output_tokens", 1.5),
         ("default_max_tokens", 0),
+        ("keepalive_interval", 0),
+        ("keepalive_interval", float("nan")),
         ("max_body_bytes", True),
         ("session_ttl", 0),
         ("session_ttl", float("inf")),

@@ -280,3 +280,74 @@ def test_every_answer_carries_a_request_id_and_bad_ones_are_replaced(url: str, b
             timeout=60,
         )
         assert failed.status_code == 500 and rid(failed) == "err-1", failed.text
+
+
+# ----------------------------------------------------------------------------- keep-alive
+class SlowDraft:
+    """A draft scorer that takes ``seconds`` per prompt, as a long prompt's scoring does."""
+
+    name = "draft-attention"
+    model_name = "slow-draft"
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def score(self, prompt: Any) -> Any:
+        import time
+
+        from specprefill_sdk.scoring import UniformScorer
+
+        time.sleep(self.seconds)
+        return UniformScorer().score(prompt)
+
+    def score_batch(self, prompts: Any) -> list[Any]:
+        return [self.score(p) for p in prompts]
+
+
+@pytest.fixture(scope="module")
+def slow_url(backend: Any) -> Iterator[str]:
+    from specprefill_sdk.server import ServerConfig, create_app
+
+    # Scoring takes ten keep-alive intervals: the stream waits that long for its first piece.
+    config = ServerConfig(policy="paper", max_output_tokens=4, keepalive_interval=0.05)
+    with serve_in_thread(create_app(config, backend=backend, scorer=SlowDraft(0.5))) as base:
+        yield base
+
+
+def _long_text() -> str:
+    # long enough that the paper policy scores it (a prompt within one chunk is kept whole, unscored)
+    from specprefill_sdk.eval.corpora import haystack
+
+    return haystack(800)
+
+
+def test_a_stream_that_waits_for_scoring_sends_keep_alive_comments(slow_url: str) -> None:
+    text = _long_text()
+    for path, body in (
+        ("/v1/completions", {"prompt": text}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}),
+    ):
+        request = {"model": MODEL, "max_tokens": 2, "stream": True, "stream_options": {"include_usage": True}, **body}
+        with httpx.stream("POST", f"{slow_url}{path}", json=request, timeout=120) as response:
+            lines = [line for line in response.iter_lines() if line]
+        assert response.status_code == 200
+        first_data = next(
+            i for i, line in enumerate(lines) if line.startswith("data: {") and '"content":""' not in line
+        )
+        assert ": keep-alive" in lines[:first_data], lines[:5]  # sent while the prompt was scored
+        assert set(lines) - {": keep-alive"} == {line for line in lines if line.startswith("data: ")}
+        assert lines[-1] == "data: [DONE]"
+        usage = httpx.Response(200, content=lines[-2][6:]).json()["usage"]
+        assert usage["specprefill"]["score_ms"] > 0 and usage["specprefill"]["fallback"] is None  # the draft ran
+
+
+def test_the_openai_client_skips_keep_alive_comments(slow_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{slow_url}/v1", api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": _long_text()}]
+    whole = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)  # type: ignore[arg-type]
+    assert whole.model_dump()["usage"]["specprefill"]["score_ms"] > 0  # the slow draft ran
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3, stream=True))  # type: ignore[arg-type]
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+    texts = list(client.completions.create(model=MODEL, prompt=_long_text(), max_tokens=3, stream=True))
+    assert texts and texts[-1].choices[0].finish_reason in ("stop", "length")

@@ -577,7 +577,9 @@ async def _serve(
         if handle is None:
             engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(handle, kind, engine.served_model, include_usage, return_ids, rid)
+    events = _events(
+        handle, kind, engine.served_model, include_usage, return_ids, rid, engine.config.keepalive_interval
+    )
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -636,7 +638,14 @@ async def _serve_turn(
             store.release(entry)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     events = _events(
-        handle, "chat", engine.served_model, include_usage, options.return_token_ids, request_id(request), turn
+        handle,
+        "chat",
+        engine.served_model,
+        include_usage,
+        options.return_token_ids,
+        request_id(request),
+        engine.config.keepalive_interval,
+        turn,
     )
     return _ClosingStreamingResponse(
         events,
@@ -695,6 +704,10 @@ def _response(
     }
 
 
+#: An SSE comment line: it keeps a silent connection alive and every SSE client skips it.
+KEEP_ALIVE = ": keep-alive\n\n"
+
+
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
@@ -711,9 +724,15 @@ async def _events(
     include_usage: bool,
     return_ids: bool,
     rid: str,
+    keepalive: float,
     turn: Turn | None = None,
 ) -> AsyncGenerator[str, None]:
-    """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE]."""
+    """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE].
+
+    While a chunk takes longer than ``keepalive`` seconds (scoring and prefill of a long prompt
+    before the first), an SSE comment (`KEEP_ALIVE`) goes out every ``keepalive`` seconds: proxies
+    close connections that stay silent, and SSE clients skip comment lines.
+    """
     created = int(time.time())
     prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
     base = {
@@ -744,7 +763,14 @@ async def _events(
         if kind == "chat":
             yield chunk("", None, role=True)
         while True:
-            piece = await handle.next()
+            step = asyncio.ensure_future(handle.next())
+            try:
+                while not (await asyncio.wait({step}, timeout=keepalive))[0]:
+                    yield KEEP_ALIVE
+            finally:
+                if not step.done():  # the client went away: the worker's step finishes under the stream's lock
+                    step.cancel()
+            piece = step.result()
             if piece is None:
                 break
             if piece.text or (return_ids and piece.token_ids):

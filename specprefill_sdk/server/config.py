@@ -26,6 +26,7 @@ from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TT
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_KEEPALIVE_INTERVAL",
     "DEFAULT_MAX_BODY_BYTES",
     "ENGINES",
     "ENV_PREFIX",
@@ -37,6 +38,9 @@ __all__ = [
 
 #: Largest request body accepted (413 above it): ample for prompts at any context we serve.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+#: Seconds a stream may wait for its next piece (scoring and prefill of a long prompt) before the
+#: server sends an SSE comment, so that proxies do not close a connection they think idle.
+DEFAULT_KEEPALIVE_INTERVAL = 10.0
 #: The prefix of the environment variables `ServerConfig.from_env` reads.
 ENV_PREFIX = "SPECPREFILL_"
 #: uvicorn's log levels, for ``log_level``.
@@ -75,6 +79,8 @@ class ServerConfig:
             and by the context.
         served_model_name: the model id clients send and ``GET /v1/models`` lists (None: the model's).
         device, dtype: where and how models given by name are loaded.
+        keepalive_interval: seconds a stream may send nothing (while the prompt is scored and
+            prefilled) before the server sends an SSE comment line, ``: keep-alive``; clients ignore it.
         session_ttl: seconds a conversation kept on the server may stay idle before it expires.
         max_sessions: conversations kept at once (the least recently used idle one is evicted for a
             new one; 0: conversations are not served).
@@ -109,6 +115,7 @@ class ServerConfig:
     served_model_name: str | None = None
     device: str = "auto"
     dtype: str = "auto"
+    keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL
     session_ttl: float = DEFAULT_SESSION_TTL
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_strategy: str = DEFAULT_SESSION_STRATEGY
@@ -174,6 +181,11 @@ class ServerConfig:
             check_int(self.warmup_tokens, "warmup_tokens", param="warmup_tokens", minimum=0)
         object.__setattr__(
             self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
+        )
+        object.__setattr__(
+            self,
+            "keepalive_interval",
+            check_float(self.keepalive_interval, "keepalive_interval", param="keepalive_interval", inclusive=False),
         )
         if self.session_strategy not in STRATEGIES:
             raise InvalidRequestError(
