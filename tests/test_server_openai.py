@@ -351,3 +351,107 @@ def test_the_openai_client_skips_keep_alive_comments(slow_url: str) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
     texts = list(client.completions.create(model=MODEL, prompt=_long_text(), max_tokens=3, stream=True))
     assert texts and texts[-1].choices[0].finish_reason in ("stop", "length")
+
+
+# ----------------------------------------------------------------------------- the wire contract
+#: The fields this server adds to OpenAI's shapes (documented in docs/server.md); any other extra is a defect.
+EXTENSIONS = {"specprefill", "token_ids", "max_model_len", "kept_tokens", "keep_ratio", "score_ms", "prefill_ms"}
+EXTENSIONS |= {"fallback", "conversation"}
+
+
+def _extras(value: Any) -> set[str]:
+    """Every field of a parsed response that its openai type does not declare, at any depth."""
+    from pydantic import BaseModel
+
+    if isinstance(value, BaseModel):
+        found = set(value.model_extra or {})
+        for name in type(value).model_fields:
+            found |= _extras(getattr(value, name))
+        return found
+    if isinstance(value, list):
+        return set().union(*map(_extras, value)) if value else set()
+    return set()
+
+
+def _contract(kind: Any, payload: dict[str, Any]) -> Any:
+    """``payload`` parsed by the openai package's type, strictly: no required field missing, no type coerced."""
+    parsed = kind.model_validate(payload, strict=True)
+    assert _extras(parsed) <= EXTENSIONS, (kind.__name__, _extras(parsed) - EXTENSIONS)
+    # the extension's own objects are whole too: usage.specprefill carries its fields
+    usage = payload.get("usage") or {}
+    if "specprefill" in usage:
+        assert {"kept_tokens", "keep_ratio", "score_ms", "prefill_ms", "fallback"} <= set(usage["specprefill"])
+    return parsed
+
+
+def _sse_payloads(url: str, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    with httpx.stream("POST", f"{url}{path}", json=body, timeout=120) as response:
+        assert response.status_code == 200
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [httpx.Response(200, content=d).json() for d in data[:-1]]
+
+
+def test_every_response_shape_parses_as_the_openai_packages_types(url: str) -> None:
+    from openai.types import Completion, Model
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 1}
+    text = {"model": MODEL, "prompt": "Colours: red, green,", "max_tokens": 1}
+    ids = {"specprefill": {"return_token_ids": True}}
+    scored = {**chat, "messages": [{"role": "user", "content": _long_text()}]}
+    for body in (scored, {**chat, **ids}, {**chat, "specprefill": {"conversation_start": True}}):
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        parsed = _contract(ChatCompletion, answer.json())
+        assert parsed.choices[0].message.role == "assistant" and parsed.usage is not None
+    for body in (text, {**text, **ids}):
+        _contract(Completion, httpx.post(f"{url}/v1/completions", json=body, timeout=120).json())
+    usage = {"stream": True, "stream_options": {"include_usage": True}}
+    for body in ({**chat, "stream": True}, {**chat, **usage, **ids}):
+        chunks = [_contract(ChatCompletionChunk, p) for p in _sse_payloads(url, "/v1/chat/completions", body)]
+        assert chunks[0].choices[0].delta.role == "assistant"
+    for body in ({**text, "stream": True}, {**text, **usage, **ids}):
+        payloads = _sse_payloads(url, "/v1/completions", body)
+        # OpenAI streams text chunks with "finish_reason": null until the last (as vLLM does), which the
+        # openai package's Completion type does not admit; its client builds chunks without validating.
+        for payload in payloads:
+            for choice in payload["choices"]:
+                if choice["finish_reason"] is None:
+                    choice["finish_reason"] = "length"
+        chunks = [_contract(Completion, p) for p in payloads]
+        assert (chunks[-1].usage is not None) == ("stream_options" in body)
+    listed = httpx.get(f"{url}/v1/models", timeout=60).json()
+    assert listed["object"] == "list" and listed["data"]
+    for card in listed["data"]:
+        _contract(Model, card)
+    _contract(Model, httpx.get(f"{url}/v1/models/{MODEL}", timeout=60).json())
+
+
+ERROR_REQUESTS: list[tuple[str, str, Any]] = [
+    ("POST", "/v1/chat/completions", {"messages": "Hi"}),  # schema
+    ("POST", "/v1/chat/completions", {"messages": HI, "n": 2}),  # unsupported
+    ("POST", "/v1/chat/completions", {"messages": HI, "model": "gpt-4o"}),  # unknown model
+    ("POST", "/v1/completions", b'{"prompt": '),  # malformed JSON
+    ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 10_000}),  # over --max-output-tokens
+    ("GET", "/v1/conversations/none-such", None),  # unknown conversation
+    ("GET", "/v1/chat/completions", None),  # wrong method
+    ("POST", "/v1/embeddings", {"input": "x"}),  # unknown route
+    ("POST", "/v1/completions", b"{" + b" " * (5 << 20) + b"}"),  # too large
+]
+
+
+@pytest.mark.parametrize(("method", "path", "body"), ERROR_REQUESTS, ids=[f"{m} {p}" for m, p, _ in ERROR_REQUESTS])
+def test_every_error_parses_as_the_openai_packages_error_object(url: str, method: str, path: str, body: Any) -> None:
+    from openai.types import ErrorObject
+
+    kwargs: dict[str, Any] = {"timeout": 60}
+    if isinstance(body, bytes):
+        kwargs |= {"content": body, "headers": {"Content-Type": "application/json"}}
+    elif body is not None:
+        kwargs["json"] = body
+    response = httpx.request(method, f"{url}{path}", **kwargs)
+    assert 400 <= response.status_code < 500, response.text
+    assert set(response.json()) == {"error"}
+    error = ErrorObject.model_validate(response.json()["error"], strict=True)
+    assert error.message and error.type and not error.model_extra
