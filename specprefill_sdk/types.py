@@ -332,13 +332,18 @@ class Compression:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """Decoding parameters. ``temperature == 0`` means greedy; ``seed`` makes sampling reproducible."""
+    """Decoding parameters. ``temperature == 0`` means greedy; ``seed`` makes sampling reproducible.
+
+    ``ignore_eos``: keep generating past the end-of-sequence token until ``max_tokens`` (or a stop
+    string), as vLLM's option of that name does; load generators use it for fixed-length answers.
+    """
 
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    ignore_eos: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -350,6 +355,8 @@ class SamplingParams:
         check_rate(self.top_p, "top_p", param="top_p")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise InvalidRequestError("stop must be non-empty strings", param="stop")
+        if not isinstance(self.ignore_eos, bool):
+            raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", param="ignore_eos")
 
     @classmethod
     def from_call(cls, params: SamplingParams | None, kwargs: Mapping[str, Any]) -> SamplingParams:
@@ -374,6 +381,8 @@ class SamplingParams:
             body["stop"] = list(self.stop)
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.ignore_eos:  # vLLM's extension: sent only when asked for, since OpenAI's API refuses it
+            body["ignore_eos"] = True
         return body
 
     @property

@@ -4,7 +4,8 @@ Scorers: a `TokenScores` of length n, finite float32 values, ``score_batch`` equ
 typed errors. Selectors: a sorted `Selection` within [0, n) that keeps the protected tokens,
 ``decide_without_scores`` consistent with ``select``, typed errors. Backends: ``generate``,
 ``stream``, ``generate_batch``, ``agenerate`` and ``astream`` agree (greedy), usage counts what was
-prefilled and generated, decoding continues at position n, typed errors.
+prefilled and generated, decoding continues at position n, ``ignore_eos`` generates past the end of
+sequence, typed errors.
 """
 
 from __future__ import annotations
@@ -349,6 +350,26 @@ def test_backend_decodes_from_position_n(
     expected = reference_greedy(smollm_fp32, prompt, GREEDY.max_tokens, start=prompt.n)
     assert expected != reference_greedy(smollm_fp32, prompt, GREEDY.max_tokens, start=prompt.kept)  # it matters
     assert list(backend.generate(prompt, GREEDY).token_ids) == expected
+
+
+@pytest.fixture(scope="module")
+def at_eos(tokenizer: Any) -> CompressedPrompt:
+    """A chat whose assistant answer is complete but for its end token: the greedy next token is EOS."""
+    chat = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello! How can I help you?"}]
+    ids = list(build_prompt(tokenizer, chat, add_generation_prompt=False).token_ids)
+    end = max(i for i, t in enumerate(ids) if t == tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    return CompressedPrompt.dense(Prompt.from_token_ids(ids[:end]))
+
+
+@pytest.mark.parametrize("backend", _params(BACKENDS), indirect=True)
+def test_backend_generates_past_eos_when_asked(backend: Any, at_eos: CompressedPrompt) -> None:
+    stops = backend.generate(at_eos, SamplingParams(max_tokens=3))
+    assert stops.finish_reason == "stop" and stops.usage.completion_tokens < 3  # EOS comes next
+    params = SamplingParams(max_tokens=3, ignore_eos=True)
+    goes_on = backend.generate(at_eos, params)
+    assert goes_on.finish_reason == "length" and goes_on.usage.completion_tokens == 3
+    last = list(backend.stream(at_eos, params))[-1].completion
+    assert last is not None and last.finish_reason == "length" and last.usage.completion_tokens == 3
 
 
 @pytest.mark.parametrize("backend", _params(BACKENDS), indirect=True)

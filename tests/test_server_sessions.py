@@ -251,7 +251,7 @@ def test_bad_conversation_requests_get_clear_errors(server: ServerProcess) -> No
         ([{"role": "assistant", "content": "Hi"}], {"conversation_id": "strict"}, 400, "messages"),
         (new, {"conversation_id": "strict", "conversation_start": True}, 409, "specprefill.conversation_id"),
         (new, {"conversation_strategy": "refresh"}, 400, "specprefill.conversation_id"),
-        (new, {"conversation_id": "no such id"}, 422, "specprefill.conversation_id"),
+        (new, {"conversation_id": "no such id"}, 400, "specprefill.conversation_id"),
         (new, {"conversation_id": "never-started"}, 404, "specprefill.conversation_id"),
     ]
     for messages, sp, status, param in cases:

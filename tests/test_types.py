@@ -78,6 +78,7 @@ def test_compressed_prompt_validates_positions(ids: tuple[int, ...], pos: tuple[
         {"top_p": 0.0},
         {"top_p": 1.5},
         {"stop": ("",)},
+        {"ignore_eos": "yes"},
     ],
 )
 def test_sampling_params_reject_bad_values(kwargs: dict[str, object]) -> None:
@@ -176,6 +177,9 @@ def test_sampling_params_from_a_call_and_as_request_fields() -> None:
     assert SamplingParams(4).request_fields() == {"max_tokens": 4, "temperature": 0.0, "top_p": 1.0}
     fields = SamplingParams(4, temperature=0.5, stop=("a",), seed=7).request_fields()
     assert fields == {"max_tokens": 4, "temperature": 0.5, "top_p": 1.0, "stop": ["a"], "seed": 7}
+    # vLLM's extension travels only when asked for: OpenAI's own API refuses fields it does not know
+    assert SamplingParams(4, ignore_eos=True).request_fields()["ignore_eos"] is True
+    assert "ignore_eos" not in SamplingParams(4, ignore_eos=False).request_fields()
 
 
 @pytest.mark.parametrize(

@@ -640,7 +640,7 @@ class _Run:
 
     def __init__(self, tokenizer: Any, eos: frozenset[int], params: SamplingParams) -> None:
         self.assembler = TextAssembler(tokenizer, params.stop)
-        self.eos = eos
+        self.eos = frozenset() if params.ignore_eos else eos
         self.max_tokens = params.max_tokens
         self.tokens: list[int] = []
         self.finish_reason: FinishReason | None = None

@@ -117,6 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"seconds a conversation kept on the server may stay idle before it expires (default: {_D.session_ttl:g})",
     )
     parser.add_argument(
+        "--keepalive-interval",
+        type=positive_number,
+        default=_D.keepalive_interval,
+        help="seconds a stream may send nothing (scoring a long prompt) before an SSE keep-alive comment "
+        f"(default: {_D.keepalive_interval:g})",
+    )
+    parser.add_argument(
         "--max-sessions",
         type=non_negative_int,
         default=_D.max_sessions,
@@ -287,6 +294,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
         served_model_name=args.served_model_name,
         device=args.device,
         dtype=args.dtype,
+        keepalive_interval=args.keepalive_interval,
         session_ttl=args.session_ttl,
         max_sessions=args.max_sessions,
         session_strategy=args.session_strategy,

@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server: `create_app` builds the FastAPI application.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/tokenize``,
+``POST /v1/detokenize`` (both also at vLLM's root paths ``/tokenize``, ``/detokenize``),
 ``GET /v1/models`` (with the ``specprefill`` capability), ``GET /v1/models/{id}``,
 ``GET``/``DELETE /v1/conversations/{id}`` (conversations kept on the server), ``GET /health``,
 ``GET /metrics`` (Prometheus, with ``ServerConfig.metrics``; `specprefill_sdk.server.metrics`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -45,6 +47,7 @@ from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, GuardMiddleware, HostCheck
+from .request_id import RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -55,6 +58,8 @@ from .schemas import (
     ConversationObject,
     ConversationTurn,
     ConversationUsage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     HealthResponse,
     ModelCard,
@@ -78,13 +83,12 @@ logger = logging.getLogger(__name__)
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
     for status, text in (
-        (400, "Invalid request (malformed JSON, unknown policy, ids or positions out of range)"),
+        (400, "Invalid request (malformed JSON, a body off the schema, unknown policy, ids or positions out of range)"),
         (401, "Missing or wrong API key, or more than one Authorization header"),
         (403, "Without API keys: a Host header that is not loopback"),
         (404, "Unknown model or conversation"),
         (409, "The conversation is answering another request, or already exists"),
         (413, "Body or prompt too large"),
-        (422, "The body does not match the schema"),
         (429, "The queue is full, or every stored conversation is in use; see Retry-After"),
     )
 }
@@ -176,6 +180,7 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.engine = engine
+    app.openapi = functools.partial(_openapi, app)  # type: ignore[method-assign]
     install_error_handlers(app)
     # Without keys nothing but the Host header tells a local client from a web page that rebinds
     # its own name to this address.
@@ -183,11 +188,18 @@ def create_app(
     app.add_middleware(
         GuardMiddleware, max_body_bytes=config.max_body_bytes, api_key=keys or None, host_check=host_check
     )
+    # Added last, so outermost: refusals before routing (401, 403, 413) carry the request id too.
+    app.add_middleware(RequestIdMiddleware)
     # Declares the bearer scheme in the OpenAPI document; the key itself is checked by GuardMiddleware.
     security = [Depends(HTTPBearer(auto_error=False))] if keys else []
     router = APIRouter(prefix="/v1", dependencies=security, responses=_ERRORS)
     _add_routes(router, engine, keyed=bool(keys))
+    _add_token_routes(router, engine)
     app.include_router(router)
+    # vLLM serves tokenize and detokenize at the root: clients written for it find them there too.
+    root = APIRouter(dependencies=security, responses=_ERRORS)
+    _add_token_routes(root, engine)
+    app.include_router(root)
 
     @app.head("/health", include_in_schema=False)
     async def health_head() -> Response:
@@ -248,6 +260,18 @@ def _add_metrics_route(app: FastAPI, engine: ServingEngine, *, keyed: bool) -> N
     async def metrics_route() -> Response:
         """Prometheus metrics in the text format 0.0.4: vLLM's names where they apply, and ``specprefill:``."""
         return Response(content=metrics.exposition(), media_type=CONTENT_TYPE)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document without the 422 answers it declares for every body: this server answers 400."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+    return app.openapi_schema or {}
 
 
 def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:
@@ -376,35 +400,6 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         engine.check_model(body.model)
         return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens)
 
-    @router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
-    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
-        """The target's token ids for ``messages`` (chat template applied) or ``prompt``."""
-        engine.check_model(body.model)
-        if (body.messages is None) == (body.prompt is None):
-            raise _invalid("give exactly one of messages or prompt", "messages")
-        ctx = RequestContext(request.headers)
-        prompt_input: PromptInput = (
-            body.prompt
-            if body.prompt is not None
-            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
-        )
-
-        def run() -> Prompt:
-            from ..prompt import build_prompt
-
-            return build_prompt(
-                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
-            )
-
-        ticket = await engine.admission.acquire()
-        try:
-            prompt = await engine.call(ctx, run)
-        finally:
-            engine.admission.release(ticket)
-        return TokenizeResponse(
-            tokens=list(prompt.token_ids), count=prompt.n, max_model_len=engine.max_context, model=engine.served_model
-        )
-
     @router.get("/conversations/{conversation_id}", response_model=ConversationObject, tags=["conversations"])
     async def get_conversation(conversation_id: str, request: Request) -> ConversationObject:
         """A stored conversation: its messages and what each turn prefilled (does not extend its TTL)."""
@@ -429,6 +424,64 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         """End a stored conversation now and free its caches (409 while it answers a request)."""
         engine.conversations.delete(owner(request), conversation_id)
         return ConversationDeleted(id=conversation_id)
+
+
+def _add_token_routes(router: APIRouter, engine: ServingEngine) -> None:
+    @router.post("/tokenize", response_model=TokenizeResponse, tags=["tokens"])
+    async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+        """The target's token ids for ``messages`` (chat template applied) or ``prompt``, as vLLM's route."""
+        engine.check_model(body.model)
+        if (body.messages is None) == (body.prompt is None):
+            raise _invalid("give exactly one of messages or prompt", "messages")
+        # The template writes a chat's special tokens; a text prompt gets the tokenizer's (vLLM's defaults).
+        special = body.prompt is not None
+        if body.add_special_tokens is not None and body.add_special_tokens != special:
+            raise InvalidRequestError(
+                f"add_special_tokens={str(body.add_special_tokens).lower()} is not served for "
+                f"{'a prompt' if special else 'messages'}: the ids are those the target prefills; leave it out",
+                param="add_special_tokens",
+                code="unsupported_parameter",
+            )
+        ctx = RequestContext(request.headers)
+        prompt_input: PromptInput = (
+            body.prompt
+            if body.prompt is not None
+            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
+        )
+
+        def run() -> Prompt:
+            from ..prompt import build_prompt
+
+            return build_prompt(
+                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
+            )
+
+        ticket = await engine.admission.acquire()
+        try:
+            prompt = await engine.call(ctx, run)
+        finally:
+            engine.admission.release(ticket)
+        tokens = list(prompt.token_ids)
+        strs = engine.backend.tokenizer.convert_ids_to_tokens(tokens) if body.return_token_strs else None
+        return TokenizeResponse(
+            tokens=tokens,
+            count=len(tokens),
+            max_model_len=engine.max_context,
+            token_strs=strs,
+            model=engine.served_model,
+        )
+
+    @router.post("/detokenize", response_model=DetokenizeResponse, tags=["tokens"])
+    async def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        """The text of ``tokens`` (special tokens included), as vLLM's route."""
+        engine.check_model(body.model)
+        bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < engine.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"token id {body.tokens[bad]} is outside the vocabulary [0, {engine.vocab_size})",
+                param=f"tokens.{bad}",
+            )
+        return DetokenizeResponse(prompt=engine.backend.tokenizer.decode(body.tokens))
 
 
 def _model_card(engine: ServingEngine) -> ModelCard:
@@ -499,6 +552,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int |
         "top_p": body.top_p,
         "stop": tuple(stops),
         "seed": body.seed,
+        "ignore_eos": body.ignore_eos,
     }
 
 
@@ -514,6 +568,7 @@ async def _serve(
     options = body.specprefill
     return_ids = bool(options and options.return_token_ids)
     ctx = RequestContext(request.headers)
+    rid = request_id(request)
     ticket = await engine.admission.acquire()
     handle: StreamHandle | None = None
     try:
@@ -522,14 +577,16 @@ async def _serve(
             async with _cancelled_on_disconnect(request, engine, ctx):
                 completion = await engine.call(ctx, engine.run_generate, prepared)
             engine.finished(ctx, ticket, prepared, completion)
-            return JSONResponse(_response(kind, engine.served_model, completion, return_ids))
+            return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid))
         iterator = await engine.call(ctx, engine.open_stream, prepared)
         handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
     finally:
         if handle is None:
             engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(handle, kind, engine.served_model, include_usage, return_ids)
+    events = _events(
+        handle, kind, engine.served_model, include_usage, return_ids, rid, engine.config.keepalive_interval
+    )
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -574,7 +631,9 @@ async def _serve_turn(
             if not body.stream:
                 completion = await engine.call(ctx, engine.run_turn, turn)
                 engine.finished(ctx, ticket, turn, completion)
-                payload = _response("chat", engine.served_model, completion, options.return_token_ids, turn)
+                payload = _response(
+                    "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn
+                )
                 return JSONResponse(payload, headers=headers)
             iterator = await engine.call(ctx, engine.open_turn_stream, turn)
             handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
@@ -585,7 +644,16 @@ async def _serve_turn(
         if handle is None:
             store.release(entry)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(handle, "chat", engine.served_model, include_usage, options.return_token_ids, turn)
+    events = _events(
+        handle,
+        "chat",
+        engine.served_model,
+        include_usage,
+        options.return_token_ids,
+        request_id(request),
+        engine.config.keepalive_interval,
+        turn,
+    )
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -636,7 +704,7 @@ def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
 
 
 def _response(
-    kind: str, model: str, completion: Completion, return_ids: bool, turn: Turn | None = None
+    kind: str, model: str, completion: Completion, return_ids: bool, rid: str, turn: Turn | None = None
 ) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
@@ -655,7 +723,7 @@ def _response(
     if ids is not None:
         choice["token_ids"] = ids
     return {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": _completion_id(prefix, rid),
         "object": obj,
         "created": created,
         "model": model,
@@ -665,18 +733,39 @@ def _response(
     }
 
 
+#: An SSE comment line: it keeps a silent connection alive and every SSE client skips it.
+KEEP_ALIVE = ": keep-alive\n\n"
+
+
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
+def _completion_id(prefix: str, rid: str) -> str:
+    """``chatcmpl-<request id>`` (or ``cmpl-``), as vLLM names completions; a new id outside a request."""
+    return f"{prefix}-{rid or uuid.uuid4().hex}"
+
+
 async def _events(
-    handle: StreamHandle, kind: str, model: str, include_usage: bool, return_ids: bool, turn: Turn | None = None
+    handle: StreamHandle,
+    kind: str,
+    model: str,
+    include_usage: bool,
+    return_ids: bool,
+    rid: str,
+    keepalive: float,
+    turn: Turn | None = None,
 ) -> AsyncGenerator[str, None]:
-    """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE]."""
+    """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE].
+
+    While a chunk takes longer than ``keepalive`` seconds (scoring and prefill of a long prompt
+    before the first), an SSE comment (`KEEP_ALIVE`) goes out every ``keepalive`` seconds: proxies
+    close connections that stay silent, and SSE clients skip comment lines.
+    """
     created = int(time.time())
     prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
     base = {
-        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "id": _completion_id(prefix, rid),
         "object": obj,
         "created": created,
         "model": model,
@@ -703,7 +792,14 @@ async def _events(
         if kind == "chat":
             yield chunk("", None, role=True)
         while True:
-            piece = await handle.next()
+            step = asyncio.ensure_future(handle.next())
+            try:
+                while not (await asyncio.wait({step}, timeout=keepalive))[0]:
+                    yield KEEP_ALIVE
+            finally:
+                if not step.done():  # the client went away: the worker's step finishes under the stream's lock
+                    step.cancel()
+            piece = step.result()
             if piece is None:
                 break
             if piece.text or (return_ids and piece.token_ids):
@@ -717,7 +813,7 @@ async def _events(
     except SpecPrefillError as exc:
         yield _sse(exc.to_openai())
     except Exception:
-        logger.exception("a stream failed")
+        logger.exception("a stream failed (request %s)", rid)
         yield _sse(error_body("the server failed while generating", "server_error", code="internal_error"))
 
 

@@ -26,8 +26,8 @@ from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TT
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_KEEPALIVE_INTERVAL",
     "DEFAULT_MAX_BODY_BYTES",
-    "DEFAULT_MAX_TOKENS",
     "DEFAULT_SCORING_WAIT_MS",
     "ENGINES",
     "ENV_PREFIX",
@@ -39,10 +39,11 @@ __all__ = [
 
 #: Largest request body accepted (413 above it): ample for prompts at any context we serve.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
-#: ``max_tokens`` when a request gives none (reduced to what the context still holds).
-DEFAULT_MAX_TOKENS = 256
 #: ``scoring_wait_ms`` by default: a few milliseconds, well below one scoring call of a draft.
 DEFAULT_SCORING_WAIT_MS = 5.0
+#: Seconds a stream may wait for its next piece (scoring and prefill of a long prompt) before the
+#: server sends an SSE comment, so that proxies do not close a connection they think idle.
+DEFAULT_KEEPALIVE_INTERVAL = 10.0
 #: The prefix of the environment variables `ServerConfig.from_env` reads.
 ENV_PREFIX = "SPECPREFILL_"
 #: uvicorn's log levels, for ``log_level``.
@@ -70,14 +71,19 @@ class ServerConfig:
         api_keys: when any, every ``/v1`` route needs ``Authorization: Bearer <key>``; each key sees
             only the conversations started with it.
         max_prompt_tokens: longer prompts get 413 (None: the model's context).
-        max_output_tokens: requests asking for more tokens get 400 (and the default is capped by it).
+        max_output_tokens: requests asking for more tokens get 400 (and a request that names none is
+            given at most this many).
         max_concurrency: requests doing model work at once (worker threads); None: the engine's
             default (`DEFAULT_CONCURRENCY`: 1 for transformers, vLLM's ``max_num_seqs`` or 256 for vLLM).
         max_queue: requests allowed to wait; more get 429 with ``Retry-After``.
         max_body_bytes: larger request bodies get 413.
-        default_max_tokens: ``max_tokens`` of a request that names none.
+        default_max_tokens: ``max_tokens`` of a request that names none; None (the default): what the
+            context leaves after the prompt, as vLLM does. Either is capped by ``max_output_tokens``
+            and by the context.
         served_model_name: the model id clients send and ``GET /v1/models`` lists (None: the model's).
         device, dtype: where and how models given by name are loaded.
+        keepalive_interval: seconds a stream may send nothing (while the prompt is scored and
+            prefilled) before the server sends an SSE comment line, ``: keep-alive``; clients ignore it.
         session_ttl: seconds a conversation kept on the server may stay idle before it expires.
         max_sessions: conversations kept at once (the least recently used idle one is evicted for a
             new one; 0: conversations are not served).
@@ -114,10 +120,11 @@ class ServerConfig:
     max_concurrency: int | None = None
     max_queue: int = 16
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    default_max_tokens: int = DEFAULT_MAX_TOKENS
+    default_max_tokens: int | None = None
     served_model_name: str | None = None
     device: str = "auto"
     dtype: str = "auto"
+    keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL
     session_ttl: float = DEFAULT_SESSION_TTL
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_strategy: str = DEFAULT_SESSION_STRATEGY
@@ -169,14 +176,13 @@ class ServerConfig:
                     param="api_keys",
                 )
         object.__setattr__(self, "api_keys", tuple(keys))
-        for name in ("max_prompt_tokens", "max_output_tokens"):
+        for name in ("max_prompt_tokens", "max_output_tokens", "default_max_tokens"):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name, param=name, minimum=1)
         for name, minimum in (
             ("max_concurrency", 1),
             ("max_queue", 0),
             ("max_body_bytes", 1),
-            ("default_max_tokens", 1),
             ("max_sessions", 0),
             ("port", 0),
         ):
@@ -196,6 +202,11 @@ class ServerConfig:
         )
         object.__setattr__(
             self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
+        )
+        object.__setattr__(
+            self,
+            "keepalive_interval",
+            check_float(self.keepalive_interval, "keepalive_interval", param="keepalive_interval", inclusive=False),
         )
         if self.session_strategy not in STRATEGIES:
             raise InvalidRequestError(

@@ -43,7 +43,7 @@ from ..types import (
     SamplingParams,
 )
 from ..validation import check_int
-from .config import DEFAULT_MAX_TOKENS, ServerConfig
+from .config import ServerConfig
 from .errors import RequestTooLargeError
 from .limits import Admission, Ticket
 from .schemas import ConversationUsage, SpecPrefillOptions
@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from .metrics import ServerMetrics
 
 __all__ = [
-    "DEFAULT_MAX_TOKENS",
     "RequestContext",
     "ServingEngine",
     "StreamHandle",
@@ -511,8 +510,13 @@ class ServingEngine:
         limit = self.max_output_tokens
         context = self.max_context if context is None else context
         if "max_tokens" not in values:
-            default = self.default_max_tokens if limit is None else min(self.default_max_tokens, limit)
-            values["max_tokens"] = max(1, min(default, context - n))
+            # A client that names no max_tokens wants the whole answer: what the context leaves (as
+            # vLLM does), within the server's limits, rather than an answer cut at a fixed length.
+            default = context - n
+            for cap in (self.default_max_tokens, limit):
+                if cap is not None:
+                    default = min(default, cap)
+            values["max_tokens"] = max(1, default)
         elif limit is not None and values["max_tokens"] > limit:
             raise InvalidRequestError(
                 f"max_tokens is {values['max_tokens']}; this server generates at most {limit} tokens per request",

@@ -5,7 +5,10 @@ Every answer that is not a success carries ``{"error": {"message", "type", "para
 ====  ==============================  =================================================================
 code  ``error.type``                  when
 ====  ==============================  =================================================================
-400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, text with a lone surrogate
+400   ``invalid_request_error``       malformed JSON, non-UTF-8 body, a body that does not match the
+                                      schema (wrong types, out of range: ``invalid_value``, ``param``
+                                      the dotted field path), a field the server cannot honour
+                                      (``unsupported_parameter``), text with a lone surrogate
                                       (``invalid_text``), a value the SDK rejects (unknown
                                       policy, ids outside the vocabulary, positions beyond the context)
 401   ``invalid_request_error``       missing or wrong ``Authorization: Bearer`` key (code
@@ -19,7 +22,6 @@ code  ``error.type``                  when
                                       ``--max-prompt-tokens``
 409   ``invalid_request_error``       a conversation already answering a request (``conversation_busy``)
                                       or started twice (``conversation_exists``)
-422   ``invalid_request_error``       the body does not match the schema (wrong types, out of range)
 429   ``rate_limit_error``            the queue is full, or every stored conversation is in use;
                                       ``Retry-After`` says when to come back
 ====  ==============================  =================================================================
@@ -38,7 +40,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import SpecPrefillError
-from .schemas import UNENCODABLE_TEXT
+from .request_id import REQUEST_ID_HEADER, request_id
+from .schemas import UNENCODABLE_TEXT, UNSERVED_FIELD
 
 __all__ = [
     "AuthenticationError",
@@ -103,7 +106,6 @@ _HTTP_TYPES: dict[int, tuple[str, str | None]] = {
     405: ("invalid_request_error", "method_not_allowed"),
     413: ("invalid_request_error", "request_too_large"),
     415: ("invalid_request_error", "unsupported_media_type"),
-    422: ("invalid_request_error", "invalid_value"),
     429: ("rate_limit_error", "server_overloaded"),
 }
 
@@ -138,18 +140,22 @@ def _is_type_tag(part: Any) -> bool:
     return isinstance(part, str) and (part in _TYPE_TAGS or any(c in part for c in "[]-"))
 
 
-def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, int, str]:
-    """Message, param, status and code for a list of pydantic errors."""
+def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str | None, str]:
+    """Message, param and code for a list of pydantic errors (all answered with 400).
+
+    OpenAI and vLLM answer a body that does not match the schema with 400 ``invalid_request_error``,
+    not FastAPI's 422; the openai client raises its ``BadRequestError`` for 400 only.
+    """
     if not errors:
-        return "the request body is invalid", None, 422, "invalid_value"
+        return "the request body is invalid", None, "invalid_value"
     first = errors[0]
     if first.get("type") == "json_invalid":
         ctx = first.get("ctx") or {}
-        return f"the body is not valid JSON: {ctx.get('error', 'decode error')}", None, 400, "invalid_json"
+        return f"the body is not valid JSON: {ctx.get('error', 'decode error')}", None, "invalid_json"
     loc = first.get("loc") or ()
     param = _loc_param(loc)
     if first.get("type") == "missing" and tuple(loc) == ("body",):
-        return "the request needs a JSON body", None, 400, "invalid_json"
+        return "the request needs a JSON body", None, "invalid_json"
     # Text no tokenizer can read is not a type or range problem: the request itself is invalid. Among
     # the errors of a union's members it is the one that says what to fix.
     # (pydantic reports "string_unicode" itself where a length constraint made it read the text.)
@@ -159,25 +165,30 @@ def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str |
         message = "not valid Unicode text: a lone surrogate"
         if unencodable[0].get("type") == UNENCODABLE_TEXT:
             message = str(unencodable[0].get("msg"))
-        return f"{where or 'body'}: {message}", where, 400, "invalid_text"
+        return f"{where or 'body'}: {message}", where, "invalid_text"
+    # A field this server cannot honour with the value given: say that, rather than a type problem.
+    unserved = [err for err in errors if err.get("type") == UNSERVED_FIELD]
+    if unserved:
+        where = _loc_param(unserved[0].get("loc") or ())
+        return f"{where or 'body'}: {unserved[0].get('msg')}", where, "unsupported_parameter"
     lines = []
     for err in errors[:5]:
         where = _loc_param(err.get("loc") or ()) or "body"
         lines.append(f"{where}: {err.get('msg', 'invalid value')}")
     more = f" (and {len(errors) - 5} more)" if len(errors) > 5 else ""
-    return "; ".join(lines) + more, param, 422, "invalid_value"
+    return "; ".join(lines) + more, param, "invalid_value"
 
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    message, param, status, code = _validation_message(list(exc.errors()))
-    return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=status)
+    message, param, code = _validation_message(list(exc.errors()))
+    return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=400)
 
 
 async def _on_sdk_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, SpecPrefillError)
     if exc.status_code >= 500:
-        logger.warning("%s %s failed: %s", request.method, request.url.path, exc)
+        logger.warning("%s %s failed (request %s): %s", request.method, request.url.path, request_id(request), exc)
     return error_response(exc)
 
 
@@ -195,10 +206,13 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unexpected error in %s %s", request.method, request.url.path)
+    rid = request_id(request)
+    logger.exception("unexpected error in %s %s (request %s)", request.method, request.url.path, rid)
+    # Starlette answers this one outside every middleware: the request id header is set here.
     return JSONResponse(
         error_body("the server failed to handle this request", "server_error", code="internal_error"),
         status_code=500,
+        headers={REQUEST_ID_HEADER: rid} if rid else None,
     )
 
 

@@ -5,8 +5,9 @@ anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry
 overload costs a small JSON answer instead of memory.
 
 `GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413),
-with API keys configured any ``/v1`` or ``/metrics`` request without ``Authorization: Bearer <key>``
-for one of them (401), and without keys any request whose ``Host`` is not a loopback name (403, `HostCheck`).
+with API keys configured any ``/v1``, ``/metrics`` or vLLM's ``/tokenize`` and ``/detokenize``
+request without ``Authorization: Bearer <key>`` for one of them (401), and without keys any request
+whose ``Host`` is not a loopback name (403, `HostCheck`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, error_body
 
-__all__ = ["AUTHENTICATED_KEY", "Admission", "AdmissionStats", "GuardMiddleware", "HostCheck", "Ticket"]
+__all__ = [
+    "AUTHENTICATED_KEY",
+    "Admission",
+    "AdmissionStats",
+    "GuardMiddleware",
+    "HostCheck",
+    "Ticket",
+]
 
 #: Where `GuardMiddleware` leaves the API key that authenticated a request (``request.state``).
 AUTHENTICATED_KEY = "specprefill_api_key"
@@ -180,7 +188,8 @@ def _host_name(header: bytes) -> str | None:
 
 
 class GuardMiddleware:
-    """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1`` and ``/metrics``."""
+    """Pure ASGI middleware: body size limit for every route, bearer API key for ``/v1``, ``/metrics`` and
+    vLLM's root token routes."""
 
     def __init__(
         self,
@@ -272,10 +281,14 @@ class GuardMiddleware:
         return wrapped
 
 
+#: Routes outside ``/v1`` that need the API key too: vLLM's tokenize paths (they use the model workers).
+_KEYED_ROOT_ROUTES = ("/tokenize", "/detokenize")
+
+
 def _needs_key(path: str) -> bool:
-    """Whether a path is served only with a key: the API, and the metrics (which tell the load and the
-    traffic); ``/health`` stays open for load balancers."""
-    return path in ("/v1", "/metrics") or path.startswith(("/v1/", "/metrics/"))
+    """Whether a path is served only with a key: the API (with vLLM's root token routes), and the
+    metrics (which tell the load and the traffic); ``/health`` stays open for load balancers."""
+    return path in ("/v1", "/metrics", *_KEYED_ROOT_ROUTES) or path.startswith(("/v1/", "/metrics/"))
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:

@@ -5,12 +5,16 @@ OpenAI clients send the extension with ``extra_body``::
     client.chat.completions.create(model="smollm2-135m", messages=[...],
                                    extra_body={"specprefill": {"keep_rate": 0.2, "look_ahead": 4}})
 
-Top-level request objects ignore unknown OpenAI fields (clients add new ones often); the
-``specprefill`` object forbids unknown fields, so a typo is an error rather than silently ignored.
+Top-level request objects ignore unknown OpenAI fields (clients add new ones often), but every
+field that would change the answer and that this server cannot honour (``n`` > 1, ``logprobs``,
+``tools``, ``response_format`` JSON modes, ``logit_bias``, ...) is declared and refused with a 400
+naming it (``code: unsupported_parameter``); the ``specprefill`` object forbids unknown fields, so a
+typo is an error rather than silently ignored.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -33,6 +37,8 @@ __all__ = [
     "ConversationTurn",
     "ConversationUsage",
     "DeltaMessage",
+    "DetokenizeRequest",
+    "DetokenizeResponse",
     "ErrorDetail",
     "ErrorResponse",
     "HealthResponse",
@@ -53,6 +59,8 @@ __all__ = [
 
 #: The pydantic error type of text that is not valid Unicode; the server answers it with 400.
 UNENCODABLE_TEXT = "unencodable_text"
+#: The pydantic error type of a field this server does not serve with the value given (400).
+UNSERVED_FIELD = "unserved_field"
 
 
 def _encodable(text: str) -> str:
@@ -67,6 +75,22 @@ def _encodable(text: str) -> str:
             {"at": exc.start},
         ) from None
     return text
+
+
+def _refuse(refused: Callable[[Any], bool], message: str) -> AfterValidator:
+    """Refuse the values ``refused`` picks out: ignoring them would answer another question than asked."""
+
+    def check(value: Any) -> Any:
+        if value is not None and refused(value):
+            raise PydanticCustomError(UNSERVED_FIELD, message)
+        return value
+
+    return AfterValidator(check)
+
+
+_TOOLS_REFUSED = "tool calling is not served: this server answers with text only; leave tools and tool_choice out"
+#: ``tool_choice`` / ``function_call`` values that ask for no call at all.
+_NO_CALL = ("none", "auto")
 
 
 #: Client text that may reach a tokenizer, a chat template or a log: valid Unicode only.
@@ -259,20 +283,50 @@ class StreamOptions(_Lenient):
 class _SamplingFields(_Lenient):
     model: Text | None = Field(None, description="The served model's id (GET /v1/models); default: it.")
     # Numbers and switches are strict, as OpenAI's API is: `"max_tokens": true` is a 400, not 1.
-    max_tokens: int | None = Field(None, ge=1, strict=True, description="Tokens to generate (default 256).")
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="Tokens to generate (default: what the context leaves after the prompt, within the server's "
+        "--max-output-tokens).",
+    )
     temperature: float | None = Field(None, ge=0.0, le=2.0, strict=True)
     top_p: float | None = Field(None, gt=0.0, le=1.0, strict=True)
     stop: StopString | Annotated[list[StopString], Field(max_length=4)] | None = Field(
         None, description="A stop string or up to 4 of them."
     )
     seed: int | None = Field(None, ge=0, le=2**63 - 1, strict=True)
-    repetition_penalty: float | None = Field(
-        None, ge=1.0, le=1.0, description="vLLM's extension: only 1.0 (no penalty) is served."
-    )
-    n: int | None = Field(None, ge=1, le=1, strict=True, description="Only 1 is served.")
+    repetition_penalty: Annotated[
+        float | None, _refuse(lambda r: r != 1.0, "not served: only 1.0 (no penalty) or absent")
+    ] = Field(None, gt=0.0, description="vLLM's extension: only 1.0 (no penalty) is served.")
+    n: Annotated[
+        int | None, _refuse(lambda n: n > 1, "more than one choice is not served: send n=1 or leave it out")
+    ] = Field(None, ge=1, strict=True, description="Only 1 is served.")
     stream: bool = Field(False, strict=True)
     stream_options: StreamOptions | None = None
     user: Text | None = None
+    ignore_eos: bool | None = Field(
+        None,
+        strict=True,
+        description="vLLM's extension: keep generating past the end-of-sequence token, up to max_tokens.",
+    )
+    response_format: Annotated[
+        dict[str, Any] | None,
+        _refuse(
+            lambda f: f.get("type") != "text",
+            "json_object and json_schema are not served: this server does not constrain its output to JSON; "
+            'send {"type": "text"} or leave response_format out',
+        ),
+    ] = Field(None, description='Only {"type": "text"} (the default) is served.')
+    logit_bias: Annotated[
+        dict[str, Any] | None, _refuse(bool, "not served: this server does not bias logits; leave it out")
+    ] = Field(None, description="Not served: only absent or empty.")
+    presence_penalty: Annotated[float | None, _refuse(bool, "not served: only 0 or absent")] = Field(
+        None, strict=True, description="Not served: only 0 or absent."
+    )
+    frequency_penalty: Annotated[float | None, _refuse(bool, "not served: only 0 or absent")] = Field(
+        None, strict=True, description="Not served: only 0 or absent."
+    )
     specprefill: SpecPrefillOptions | None = Field(
         None, description="Per-request speculative-prefill control (send with the openai client's extra_body)."
     )
@@ -288,10 +342,31 @@ class ChatCompletionRequest(_SamplingFields):
         description="The conversation (required unless specprefill.prompt_token_ids is given).",
     )
     max_completion_tokens: int | None = Field(None, ge=1, strict=True, description="Alias of max_tokens.")
-    logprobs: Literal[False] | None = Field(None, description="Not served: only false or absent.")
-    tools: Annotated[list[Any], Field(max_length=0)] | None = Field(
+    logprobs: Annotated[bool | None, _refuse(bool, "logprobs are not served: leave logprobs out or send false")] = (
+        Field(None, strict=True, description="Not served: only false or absent.")
+    )
+    top_logprobs: Annotated[int | None, _refuse(bool, "logprobs are not served: leave top_logprobs out or send 0")] = (
+        Field(None, ge=0, strict=True, description="Not served: only 0 or absent.")
+    )
+    tools: Annotated[list[Any] | None, _refuse(bool, _TOOLS_REFUSED)] = Field(
         None, description="Not served: only absent or empty."
     )
+    tool_choice: Annotated[Any, _refuse(lambda c: c not in _NO_CALL, _TOOLS_REFUSED)] = Field(
+        None, description='Not served: only absent, "none" or "auto" (without tools).'
+    )
+    functions: Annotated[
+        list[Any] | None,
+        _refuse(
+            bool, "deprecated in OpenAI's API (replaced by tools) and not served; tool calling is not served either"
+        ),
+    ] = Field(None, description="Deprecated by OpenAI; not served: only absent or empty.")
+    function_call: Annotated[
+        Any,
+        _refuse(
+            lambda c: c not in _NO_CALL,
+            "deprecated in OpenAI's API (replaced by tool_choice) and not served; tool calling is not served either",
+        ),
+    ] = Field(None, description='Deprecated by OpenAI; not served: only absent, "none" or "auto".')
 
 
 PromptField = Text | list[int] | list[Text] | list[list[int]]
@@ -303,27 +378,63 @@ class CompletionRequest(_SamplingFields):
     prompt: PromptField | None = Field(
         None, description="Text or token ids (one prompt; required unless specprefill.prompt_token_ids)."
     )
-    echo: Literal[False] | None = Field(None, description="Not served: only false or absent.")
-    logprobs: None = Field(None, description="Not served: only absent or null.")
-    best_of: int | None = Field(None, ge=1, le=1, description="Only 1 is served.")
-    suffix: Literal[""] | None = Field(None, description="Not served: only absent or empty.")
+    echo: Annotated[bool | None, _refuse(bool, "not served: leave it out or send false")] = Field(
+        None, strict=True, description="Not served: only false or absent."
+    )
+    logprobs: Annotated[int | None, _refuse(lambda _: True, "logprobs are not served: leave logprobs out")] = Field(
+        None, ge=0, strict=True, description="Not served: only absent or null."
+    )
+    best_of: Annotated[
+        int | None, _refuse(lambda n: n > 1, "more than one candidate is not served: send best_of=1 or leave it out")
+    ] = Field(None, ge=1, strict=True, description="Only 1 is served.")
+    suffix: Annotated[Text | None, _refuse(bool, "not served (insertion): leave it out")] = Field(
+        None, description="Not served: only absent or empty."
+    )
 
 
 class TokenizeRequest(_Lenient):
-    """``POST /v1/tokenize``: the ids the target prefills for ``messages`` (chat template) or ``prompt``."""
+    """``POST /v1/tokenize`` (and vLLM's ``POST /tokenize``): the ids the target prefills for
+    ``messages`` (chat template) or ``prompt``; the fields of vLLM's two tokenize requests."""
 
     model: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1, max_length=4096)
     prompt: Text | None = None
     add_generation_prompt: bool = True
+    add_special_tokens: bool | None = Field(
+        None,
+        description="As vLLM: true for prompt, false for messages (the template writes them); only that value.",
+    )
+    return_token_strs: bool = Field(False, description="Add each token's string (token_strs).")
+    continue_final_message: Annotated[
+        bool | None, _refuse(bool, "not served: the last message is always closed; leave it out or send false")
+    ] = None
+    chat_template: Annotated[
+        Text | None, _refuse(lambda _: True, "not served: the model's own chat template is applied; leave it out")
+    ] = None
+
+
+class DetokenizeRequest(_Lenient):
+    """``POST /v1/detokenize`` (and vLLM's ``POST /detokenize``): the text of token ids."""
+
+    model: Text | None = None
+    tokens: list[Annotated[int, Field(strict=True)]] = Field(max_length=MAX_WIRE_TOKENS)
 
 
 # ----------------------------------------------------------------------------- responses
 class TokenizeResponse(BaseModel):
+    """vLLM's tokenize answer, with the served model's id."""
+
     tokens: list[int]
     count: int
     max_model_len: int
+    token_strs: list[str] | None = Field(None, description="Each token's string (return_token_strs).")
     model: str
+
+
+class DetokenizeResponse(BaseModel):
+    """vLLM's detokenize answer: the decoded text."""
+
+    prompt: str
 
 
 class ChatResponseMessage(BaseModel):

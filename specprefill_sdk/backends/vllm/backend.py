@@ -318,6 +318,7 @@ class VLLMBackend(BackendBase):
             top_p=params.top_p,
             seed=params.seed,
             stop=list(params.stop) or None,
+            ignore_eos=params.ignore_eos,
             extra_args=extra,
             output_kind=RequestOutputKind.CUMULATIVE,
             detokenize=self._engine_detokenizes,
