@@ -168,13 +168,15 @@ def test_chunk_count_is_ceil_of_chunks_times_rate() -> None:
     assert set(sel.indices) == {i for c in chunks for i in range(c * 32, c * 32 + 32)}
 
 
-def test_chunk_score_is_the_mean_not_the_sum() -> None:
-    # One outstanding token in chunk 0, many good tokens in chunk 1: the mean picks chunk 1.
-    values = torch.zeros(64)
+def test_chunk_score_is_the_mean_not_the_sum_nor_the_max() -> None:
+    # Chunks of unequal size, or the sum would rank them as the mean does: [0, 32) holds one
+    # outstanding token (sum 41, max 10, mean 1.28), the short last chunk [32, 40) eight good ones
+    # (sum 16, max 2, mean 2). Only the mean picks the short chunk.
+    values = torch.ones(40)
     values[5] = 10.0
-    values[32:64] = 1.0
-    sel = Chunked(KeepRate(0.5), 32).select(text_prompt(64), scores_of(values))
-    assert sel.indices == tuple(range(32, 64))
+    values[32:40] = 2.0
+    sel = Chunked(KeepRate(0.5), 32).select(text_prompt(40), scores_of(values))
+    assert sel.indices == tuple(range(32, 40))
 
 
 def test_partial_last_chunk_is_scored_by_its_own_tokens() -> None:
