@@ -157,6 +157,26 @@ def test_retries_on_429_and_5xx_then_succeeds(tok: Any, status: int, headers: di
     assert flaky.bodies[0]["prompt"] == "The sky is" and flaky.bodies[0]["max_tokens"] == 2
 
 
+@pytest.mark.parametrize(
+    ("retry_after", "max_backoff", "logged"),
+    [("1", 8.0, "retrying in 1.00s"), ("30", 0.5, "retrying in 0.50s"), ("soon", 8.0, "retrying in 0.0")],
+    ids=["honoured", "capped", "unreadable-falls-back-to-backoff"],
+)
+def test_a_429_waits_what_its_retry_after_says(
+    tok: Any, caplog: pytest.LogCaptureFixture, retry_after: str, max_backoff: float, logged: str
+) -> None:
+    # The pause is read from the log line that announces it (backoff alone would be about 0.01 s).
+    flaky = Flaky(failures=1, status=429, headers={"Retry-After": retry_after})
+    with serve_in_thread(flaky.app) as base, caplog.at_level("INFO", logger="specprefill_sdk.backends.openai"):
+        backend = OpenAIBackend(
+            f"{base}/v1", model=MODEL, tokenizer=tok, mode="text", max_retries=1, backoff=0.01, max_backoff=max_backoff
+        )
+        assert backend.generate(_compressed(tok), SamplingParams(max_tokens=2)).text == " blue"
+    retries = [r.getMessage() for r in caplog.records if "retrying in" in r.getMessage()]
+    assert len(retries) == 1 and logged in retries[0], retries
+    assert flaky.calls == 2
+
+
 def test_streams_retry_before_the_first_byte_sync_and_async(tok: Any) -> None:
     flaky = Flaky(failures=2, status=503)
     with serve_in_thread(flaky.app) as base:

@@ -1,0 +1,118 @@
+"""The guards in front of the model, at their edges: API keys that almost match are refused, and the
+admission queue refuses exactly the first request beyond ``max_concurrency + max_queue``.
+
+The key checks run through real uvicorn on 127.0.0.1 around a one-route app (no model needed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from server_utils import serve_in_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from specprefill_sdk.server.errors import OverloadedError
+from specprefill_sdk.server.limits import AUTHENTICATED_KEY, Admission, GuardMiddleware
+
+KEYS = ("sk-alpha-1234", "sk-beta-5678")
+
+
+async def _whoami(request: Request) -> JSONResponse:
+    return JSONResponse({"key": request.scope["state"][AUTHENTICATED_KEY]})
+
+
+async def _health(request: Request) -> JSONResponse:
+    return JSONResponse({"status": "ok"})
+
+
+@pytest.fixture(scope="module")
+def keyed_url() -> Iterator[str]:
+    app = Starlette(routes=[Route("/v1/whoami", _whoami), Route("/health", _health)])
+    guarded = GuardMiddleware(app, max_body_bytes=1024, api_key=list(KEYS))
+    with serve_in_thread(guarded) as base:
+        yield base
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_each_configured_key_is_accepted_and_named(keyed_url: str, key: str) -> None:
+    response = httpx.get(f"{keyed_url}/v1/whoami", headers={"Authorization": f"Bearer {key}"})
+    assert response.status_code == 200 and response.json() == {"key": key}
+
+
+NEAR_MISSES = {
+    "last char changed": "sk-alpha-1235",
+    "first char changed": "tk-alpha-1234",
+    "prefix": "sk-alpha-123",
+    "one char longer": "sk-alpha-12345",
+    "upper case": "SK-ALPHA-1234",
+    "both keys joined": "sk-alpha-1234sk-beta-5678",
+    "inner space": "sk-alpha -1234",
+}
+
+
+@pytest.mark.parametrize("token", list(NEAR_MISSES.values()), ids=list(NEAR_MISSES))
+def test_a_near_miss_key_is_refused_with_an_openai_error(keyed_url: str, token: str) -> None:
+    response = httpx.get(f"{keyed_url}/v1/whoami", headers={"Authorization": f"Bearer {token}"})
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Bearer"
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize(
+    "header", ["sk-alpha-1234", "Basic sk-alpha-1234", "Bearersk-alpha-1234", "Token sk-alpha-1234", "Bearer"]
+)
+def test_a_right_key_in_the_wrong_scheme_is_refused(keyed_url: str, header: str) -> None:
+    assert httpx.get(f"{keyed_url}/v1/whoami", headers={"Authorization": header}).status_code == 401
+
+
+def test_the_scheme_is_case_insensitive_and_routes_outside_v1_need_no_key(keyed_url: str) -> None:
+    response = httpx.get(f"{keyed_url}/v1/whoami", headers={"Authorization": f"bearer {KEYS[1]}"})
+    assert response.status_code == 200 and response.json() == {"key": KEYS[1]}
+    assert httpx.get(f"{keyed_url}/health").status_code == 200
+    assert httpx.get(f"{keyed_url}/v1/whoami").status_code == 401
+
+
+# ----------------------------------------------------------------------------- admission bound
+@pytest.mark.parametrize(("concurrency", "queue"), [(1, 0), (1, 3), (2, 2)])
+def test_admission_refuses_exactly_the_first_request_beyond_the_bound(concurrency: int, queue: int) -> None:
+    async def scenario() -> None:
+        admission = Admission(max_concurrency=concurrency, max_queue=queue)
+        running = [await admission.acquire() for _ in range(concurrency)]
+        # The waiting ones park on the semaphore; each call is admitted until the bound is reached.
+        waiters = [asyncio.create_task(admission.acquire()) for _ in range(queue)]
+        await asyncio.sleep(0)  # let each waiter register itself as waiting
+        for _ in range(50):
+            if admission.stats().waiting == queue:
+                break
+            await asyncio.sleep(0)
+        stats = admission.stats()
+        assert (stats.running, stats.waiting) == (concurrency, queue)
+        with pytest.raises(OverloadedError) as refused:
+            await admission.acquire()
+        assert refused.value.retry_after >= 1
+        # One slot handed back: a waiter runs, and exactly one more request fits in the queue again.
+        admission.release(running.pop())
+        first = await waiters.pop(0) if waiters else None
+        extra = asyncio.create_task(admission.acquire())
+        for _ in range(50):
+            if admission.stats().in_flight == concurrency + queue:
+                break
+            await asyncio.sleep(0)
+        assert admission.stats().in_flight == concurrency + queue
+        with pytest.raises(OverloadedError):
+            await admission.acquire()
+        # Drain: everything handed back leaves the queue idle.
+        for ticket in running + ([first] if first else []):
+            admission.release(ticket)
+        for task in [*waiters, extra]:
+            admission.release(await task)
+        assert admission.stats().in_flight == 0
+
+    asyncio.run(scenario())
