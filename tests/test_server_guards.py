@@ -23,6 +23,74 @@ from specprefill_sdk.server.limits import AUTHENTICATED_KEY, Admission, GuardMid
 KEYS = ("sk-alpha-1234", "sk-beta-5678")
 
 
+# ----------------------------------------------------------------------------- admission bound
+@pytest.mark.parametrize(("concurrency", "queue"), [(1, 0), (1, 3), (2, 2)])
+def test_admission_refuses_exactly_the_first_request_beyond_the_bound(concurrency: int, queue: int) -> None:
+    async def scenario() -> None:
+        admission = Admission(max_concurrency=concurrency, max_queue=queue)
+        running = [await admission.acquire() for _ in range(concurrency)]
+        # The waiting ones park on the semaphore; each call is admitted until the bound is reached.
+        waiters = [asyncio.create_task(admission.acquire()) for _ in range(queue)]
+        await asyncio.sleep(0)  # let each waiter register itself as waiting
+        for _ in range(50):
+            if admission.stats().waiting == queue:
+                break
+            await asyncio.sleep(0)
+        stats = admission.stats()
+        assert (stats.running, stats.waiting) == (concurrency, queue)
+        with pytest.raises(OverloadedError) as refused:
+            await admission.acquire()
+        assert refused.value.retry_after >= 1
+        # One slot handed back: a waiter runs, and exactly one more request fits in the queue again.
+        admission.release(running.pop())
+        first = await waiters.pop(0) if waiters else None
+        extra = asyncio.create_task(admission.acquire())
+        for _ in range(50):
+            if admission.stats().in_flight == concurrency + queue:
+                break
+            await asyncio.sleep(0)
+        assert admission.stats().in_flight == concurrency + queue
+        with pytest.raises(OverloadedError):
+            await admission.acquire()
+        # Drain: everything handed back leaves the queue idle.
+        for ticket in running + ([first] if first else []):
+            admission.release(ticket)
+        for task in [*waiters, extra]:
+            admission.release(await task)
+        assert admission.stats().in_flight == 0
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "queue", "expected"),
+    [(1, 0, 1), (1, 3, 4), (2, 2, 2), (3, 1, 2), (1, 80, 60)],
+    ids=["idle-queue", "backlog-4", "two-workers", "rounded-up", "capped"],
+)
+def test_retry_after_grows_with_the_backlog_per_worker(concurrency: int, queue: int, expected: int) -> None:
+    # A fresh queue assumes one second per request: a full queue of (running + waiting) requests on
+    # `concurrency` workers drains in about ceil(backlog / concurrency) seconds, at least 1, at most 60.
+    async def scenario() -> int:
+        admission = Admission(max_concurrency=concurrency, max_queue=queue)
+        running = [await admission.acquire() for _ in range(concurrency)]
+        waiters = [asyncio.create_task(admission.acquire()) for _ in range(queue)]
+        for _ in range(50):
+            if admission.stats().waiting == queue:
+                break
+            await asyncio.sleep(0)
+        with pytest.raises(OverloadedError) as refused:
+            await admission.acquire()
+        assert refused.value.retry_after == admission.retry_after()
+        for ticket in running:
+            admission.release(ticket)
+        for task in waiters:
+            admission.release(await task)
+        return refused.value.retry_after
+
+    assert asyncio.run(scenario()) == expected
+
+
+# ----------------------------------------------------------------------------- API keys
 async def _whoami(request: Request) -> JSONResponse:
     return JSONResponse({"key": request.scope["state"][AUTHENTICATED_KEY]})
 
@@ -77,42 +145,3 @@ def test_the_scheme_is_case_insensitive_and_routes_outside_v1_need_no_key(keyed_
     assert response.status_code == 200 and response.json() == {"key": KEYS[1]}
     assert httpx.get(f"{keyed_url}/health").status_code == 200
     assert httpx.get(f"{keyed_url}/v1/whoami").status_code == 401
-
-
-# ----------------------------------------------------------------------------- admission bound
-@pytest.mark.parametrize(("concurrency", "queue"), [(1, 0), (1, 3), (2, 2)])
-def test_admission_refuses_exactly_the_first_request_beyond_the_bound(concurrency: int, queue: int) -> None:
-    async def scenario() -> None:
-        admission = Admission(max_concurrency=concurrency, max_queue=queue)
-        running = [await admission.acquire() for _ in range(concurrency)]
-        # The waiting ones park on the semaphore; each call is admitted until the bound is reached.
-        waiters = [asyncio.create_task(admission.acquire()) for _ in range(queue)]
-        await asyncio.sleep(0)  # let each waiter register itself as waiting
-        for _ in range(50):
-            if admission.stats().waiting == queue:
-                break
-            await asyncio.sleep(0)
-        stats = admission.stats()
-        assert (stats.running, stats.waiting) == (concurrency, queue)
-        with pytest.raises(OverloadedError) as refused:
-            await admission.acquire()
-        assert refused.value.retry_after >= 1
-        # One slot handed back: a waiter runs, and exactly one more request fits in the queue again.
-        admission.release(running.pop())
-        first = await waiters.pop(0) if waiters else None
-        extra = asyncio.create_task(admission.acquire())
-        for _ in range(50):
-            if admission.stats().in_flight == concurrency + queue:
-                break
-            await asyncio.sleep(0)
-        assert admission.stats().in_flight == concurrency + queue
-        with pytest.raises(OverloadedError):
-            await admission.acquire()
-        # Drain: everything handed back leaves the queue idle.
-        for ticket in running + ([first] if first else []):
-            admission.release(ticket)
-        for task in [*waiters, extra]:
-            admission.release(await task)
-        assert admission.stats().in_flight == 0
-
-    asyncio.run(scenario())
