@@ -89,3 +89,57 @@ def test_an_integer_tail_counts_toward_the_budget() -> None:
     sel = Protect(TokenBudget(10), sink=0, tail=2).select(text_prompt(100), scores_of(values))
     assert sel.indices == (*range(8), 98, 99)
     assert sel.protected_count == 2
+
+
+# ----------------------------------------------------------------------------- adaptive budget edges
+def _adaptive(**options: float) -> Adaptive:
+    return Adaptive(**{"coverage": 0.9, "min_rate": 0.01, "max_rate": 1.0, "dense_below_tokens": 0, **options})
+
+
+def test_adaptive_keeps_a_single_token_when_one_holds_the_mass() -> None:
+    # min_rate 0.01 of 50 tokens rounds up to 1: the floor is one token, not two.
+    values = torch.zeros(50)
+    values[17] = 1.0
+    sel = _adaptive(coverage=0.5).select(text_prompt(50), scores_of(values))
+    assert sel.indices == (17,)
+    assert "raised" not in sel.reason and "capped" not in sel.reason
+
+
+def test_adaptive_notes_a_raise_to_min_rate_only_when_it_raised() -> None:
+    values = torch.zeros(20)
+    values[[3, 4]] = 1.0  # two tokens hold all the mass; min_rate 0.1 of 20 is also two
+    exact = _adaptive(min_rate=0.1).select(text_prompt(20), scores_of(values))
+    assert exact.kept == 2 and "raised" not in exact.reason
+    raised = _adaptive(min_rate=0.2).select(text_prompt(20), scores_of(values))
+    assert raised.kept == 4 and "raised to min_rate 0.2" in raised.reason
+
+
+def test_adaptive_counts_the_one_token_left_after_the_forced_ones() -> None:
+    # Nine of ten tokens are protected: the tenth is needed to cover the (unforced) mass.
+    prompt = text_prompt(10, protected=tuple(range(9)))
+    sel = _adaptive().select(prompt, ramp(10))
+    assert sel.kept == 10
+
+
+def test_adaptive_with_every_token_protected_keeps_them_all() -> None:
+    prompt = text_prompt(6, protected=tuple(range(6)))
+    sel = _adaptive(max_rate=0.5).select(prompt, ramp(6))
+    assert sel.kept == 6 and all(sel.protected)
+
+
+def test_adaptive_shifts_negative_scores_even_beside_a_nan() -> None:
+    # NaN becomes -inf and is ignored; the finite scores are shifted so the smallest is 0: the three
+    # tokens at -1 then hold all the mass. Without the shift the mass would be negative (keep max_rate).
+    values = torch.full((20,), -10.0)
+    values[[2, 9, 15]] = -1.0
+    values[5] = float("nan")
+    sel = _adaptive().select(text_prompt(20), scores_of(values))
+    assert sel.indices == (2, 9, 15)
+
+
+def test_adaptive_coverage_one_keeps_only_the_tokens_with_mass() -> None:
+    # Exactly representable sums: a coverage of 1.0 is reached at the third token, not missed by rounding.
+    values = torch.zeros(20)
+    values[[1, 8, 13]] = torch.tensor([1.0, 2.0, 4.0])
+    sel = _adaptive(coverage=1.0).select(text_prompt(20), scores_of(values))
+    assert sel.indices == (1, 8, 13)
