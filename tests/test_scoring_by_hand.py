@@ -168,3 +168,78 @@ def test_skipped_layers_do_not_count() -> None:
                 None,
             )
     assert torch.allclose(collector.best[0, 1], torch.full((PROMPT,), 2 / 12), atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- windowed layers
+#: Layer 0's weights, one head with e = 1, a window of 3 tokens. The query of step j sits at sequence
+#: index 5 + j and sees the prompt keys i with (5 + j) - i < 3; the softmax runs over those only:
+#:   step 0: keys 3, 4, 5 -> [0, 0, 0, 1/4, 1/4, 1/2] -> pooled [0, 0, 1/12, 1/6, 1/3, 3/8]
+#:   step 1: keys 4, 5    -> [0, 0, 0, 0, 1/3, 2/3]   -> pooled [0, 0, 0, 1/9, 1/3, 1/2]
+#:   step 2: key 5        -> [0, 0, 0, 0, 0, 1]       -> pooled [0, 0, 0, 0, 1/3, 1/2]
+WINDOW = 3
+EXPECTED_WINDOWED = (
+    (0, 0, 1 / 12, 1 / 6, 1 / 3, 3 / 8),
+    (0, 0, 0, 1 / 9, 1 / 3, 1 / 2),
+    (0, 0, 0, 0, 1 / 3, 1 / 2),
+)
+
+
+@pytest.mark.parametrize("cached", [None, WINDOW], ids=["every-key", "sliding-cache"])
+def test_a_windowed_layer_attends_within_its_window_only(cached: int | None) -> None:
+    # `cached`: the call sees only the last `cached` keys of the sequence (a sliding cache drops the
+    # oldest), so at step 2 a single prompt key is left in view; None: every key, masked by the window.
+    collector = ScoreCollector(
+        pad=torch.tensor([0]),
+        prompt_len=PROMPT,
+        num_queries=QUERIES,
+        pool_kernel=3,
+        skip=frozenset(),
+        device=torch.device("cpu"),
+    )
+    for j in range(QUERIES):
+        collector.begin_step(j)
+        keys = _with_look_ahead(_keys(0), j)
+        if cached is not None:
+            keys = keys[:, :, -cached:]
+        query = torch.tensor([1 / SCALING]).view(1, 1, 1, 1)
+        if j == 0:  # the prompt's prefill passes every prompt query; the last one is the scoring query
+            query = torch.cat([torch.full((1, 1, PROMPT - 1, 1), -7.0), query], dim=2)
+        collector.observe(SimpleNamespace(layer_idx=0), query, keys, keys, SCALING, WINDOW, None)
+    assert torch.allclose(collector.best[0], torch.tensor(EXPECTED_WINDOWED), atol=1e-6)
+
+
+def test_the_prefill_call_scores_with_its_last_query_row() -> None:
+    # Step 0 of a real draft passes every prompt position's query; earlier rows must not count.
+    collector = _collector()
+    collector.begin_step(0)
+    for layer in range(LAYERS):
+        last = _query(layer, 0).view(1, HEADS, 1, 1)
+        earlier = torch.full((1, HEADS, PROMPT - 1, 1), 9.0)
+        collector.observe(
+            SimpleNamespace(layer_idx=layer), torch.cat([earlier, last], dim=2), _keys(layer), _keys(layer),
+            SCALING, None, None,
+        )  # fmt: skip
+    assert torch.allclose(collector.best[0, 0], _expected(EXPECTED_MAX)[0], atol=1e-6)
+
+
+@pytest.mark.parametrize("group_elements", [1, 10**9], ids=["one-layer-per-group", "one-group"])
+def test_stacked_reduction_in_groups_and_around_a_skipped_layer(group_elements: int) -> None:
+    # Three layers, the middle one skipped (a windowed layer beside global ones): what counts are
+    # layers 0 and 2, which carry the two layers above, so the hand-computed scores still hold whether
+    # the layers are reduced one group each or all in one (a non-contiguous group).
+    collector = ScoreCollector(
+        pad=torch.tensor([0]),
+        prompt_len=PROMPT,
+        num_queries=QUERIES,
+        pool_kernel=3,
+        skip=frozenset({1}),
+        device=torch.device("cpu"),
+    )
+    collector.group_elements = group_elements
+    per_layer = [torch.stack([_query(layer, j) for j in range(QUERIES)], dim=2) for layer in range(LAYERS)]
+    noise = torch.full_like(per_layer[0], 4.0)  # the skipped layer would dominate every maximum
+    queries = torch.stack([per_layer[0], noise, per_layer[1]])
+    keys = torch.stack([_keys(0), _keys(0), _keys(1)])
+    collector.observe_stacked(queries, keys, [SCALING] * 3)
+    assert torch.allclose(collector.best[0], _expected(EXPECTED_MAX), atol=1e-6)
+    assert collector.layers_seen == {0, 2}
