@@ -184,7 +184,7 @@ EXPECTED_WINDOWED = (
 )
 
 
-@pytest.mark.parametrize("cached", [None, WINDOW], ids=["every-key", "sliding-cache"])
+@pytest.mark.parametrize("cached", [None, WINDOW + 2, WINDOW], ids=["every-key", "cache-of-5", "sliding-cache"])
 def test_a_windowed_layer_attends_within_its_window_only(cached: int | None) -> None:
     # `cached`: the call sees only the last `cached` keys of the sequence (a sliding cache drops the
     # oldest), so at step 2 a single prompt key is left in view; None: every key, masked by the window.
@@ -243,3 +243,19 @@ def test_stacked_reduction_in_groups_and_around_a_skipped_layer(group_elements: 
     collector.observe_stacked(queries, keys, [SCALING] * 3)
     assert torch.allclose(collector.best[0], _expected(EXPECTED_MAX), atol=1e-6)
     assert collector.layers_seen == {0, 2}
+
+
+def test_stacked_reduction_of_a_left_padded_batch() -> None:
+    # The batch of the layer-by-layer padding test, reduced all at once: row 1's pad column is hidden.
+    collector = _collector(pad=(0, 1), width=PROMPT + 1)
+    pad_key = torch.full((1, 1, 1, 1), 3.0)
+    keys = torch.stack(
+        [
+            torch.cat([torch.cat([_keys(layer), pad_key], dim=2), torch.cat([pad_key, _keys(layer)], dim=2)])
+            for layer in range(LAYERS)
+        ]
+    )  # [L, B=2, KVH=1, 7, d]
+    per_layer = [torch.stack([_query(layer, j) for j in range(QUERIES)], dim=2) for layer in range(LAYERS)]
+    queries = torch.stack([torch.cat([q, q]) for q in per_layer])  # [L, B=2, H, J, d]
+    collector.observe_stacked(queries, keys, [SCALING] * LAYERS)
+    assert torch.allclose(collector.best[1, :, 1:], _expected(EXPECTED_MAX), atol=1e-6)
