@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from specprefill_sdk.server.errors import OverloadedError
-from specprefill_sdk.server.limits import AUTHENTICATED_KEY, Admission, GuardMiddleware
+from specprefill_sdk.server.limits import AUTHENTICATED_KEY, Admission, GuardMiddleware, HostCheck
 
 KEYS = ("sk-alpha-1234", "sk-beta-5678")
 
@@ -145,3 +145,49 @@ def test_the_scheme_is_case_insensitive_and_routes_outside_v1_need_no_key(keyed_
     assert response.status_code == 200 and response.json() == {"key": KEYS[1]}
     assert httpx.get(f"{keyed_url}/health").status_code == 200
     assert httpx.get(f"{keyed_url}/v1/whoami").status_code == 401
+
+
+def test_quick_requests_shorten_the_retry_after_estimate() -> None:
+    # Each release folds the request's service time into the estimate: requests that take far less
+    # than the initial guess of one second bring a full queue's Retry-After down from its fresh value.
+    async def scenario() -> tuple[int, int]:
+        admission = Admission(max_concurrency=1, max_queue=3)
+        fresh = 4  # (1 running + 3 waiting) x 1 s, as test_retry_after_grows_with_the_backlog_per_worker pins
+        for _ in range(10):
+            admission.release(await admission.acquire())
+        running = await admission.acquire()
+        waiters = [asyncio.create_task(admission.acquire()) for _ in range(3)]
+        for _ in range(50):
+            if admission.stats().waiting == 3:
+                break
+            await asyncio.sleep(0)
+        with pytest.raises(OverloadedError) as refused:
+            await admission.acquire()
+        admission.release(running)
+        for task in waiters:
+            admission.release(await task)
+        return fresh, refused.value.retry_after
+
+    fresh, after = asyncio.run(scenario())
+    assert 1 <= after < fresh
+
+
+# ----------------------------------------------------------------------------- Host check
+@pytest.fixture(scope="module")
+def keyless_url() -> Iterator[str]:
+    app = Starlette(routes=[Route("/v1/whoami", _health), Route("/health", _health)])
+    with serve_in_thread(GuardMiddleware(app, max_body_bytes=1024, host_check=HostCheck())) as base:
+        yield base
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8000", "127.0.0.1", "[::1]:80", "127.0.0.2"])
+def test_a_keyless_guard_answers_loopback_hosts(keyless_url: str, host: str) -> None:
+    assert httpx.get(f"{keyless_url}/v1/whoami", headers={"Host": host}).status_code == 200
+
+
+@pytest.mark.parametrize("host", ["evil.example", "localhost.evil.example", "10.0.0.1", "localhost:http", "[::1"])
+def test_a_keyless_guard_refuses_other_hosts_with_an_openai_error(keyless_url: str, host: str) -> None:
+    response = httpx.get(f"{keyless_url}/v1/whoami", headers={"Host": host})
+    assert response.status_code == 403, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "host_not_allowed"
