@@ -52,6 +52,7 @@ def test_admission_refuses_exactly_the_first_request_beyond_the_bound(concurrenc
         assert admission.stats().in_flight == concurrency + queue
         with pytest.raises(OverloadedError):
             await admission.acquire()
+        assert admission.rejected == 2  # each refusal counted once (the metrics report it)
         # Drain: everything handed back leaves the queue idle.
         for ticket in running + ([first] if first else []):
             admission.release(ticket)
