@@ -7,7 +7,9 @@ The key checks run through real uvicorn on 127.0.0.1 around a one-route app (no 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -192,3 +194,44 @@ def test_a_keyless_guard_refuses_other_hosts_with_an_openai_error(keyless_url: s
     assert response.status_code == 403, response.text
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == "host_not_allowed"
+
+
+# ----------------------------------------------------------------------------- Content-Length
+def _call(guard: GuardMiddleware, headers: list[tuple[bytes, bytes]], body: bytes = b"") -> tuple[int, dict[str, Any]]:
+    """One POST through the middleware as an ASGI call (a server would refuse some of these headers itself)."""
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/whoami", "headers": headers, "query_string": b""}
+    asyncio.run(guard(scope, receive, send))  # type: ignore[arg-type]
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    payload = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, json.loads(payload)
+
+
+async def _echo_length(request: Request) -> JSONResponse:
+    return JSONResponse({"received": len(await request.body())})
+
+
+GUARD = GuardMiddleware(Starlette(routes=[Route("/v1/whoami", _echo_length, methods=["POST"])]), max_body_bytes=8)
+
+
+@pytest.mark.parametrize("declared", [b"abc", b"-5", b"", b"1e3"])
+def test_a_content_length_that_is_not_a_number_is_refused(declared: bytes) -> None:
+    status, payload = _call(GUARD, [(b"content-length", declared)])
+    assert status == 400 and payload["error"]["code"] == "invalid_request", payload
+
+
+@pytest.mark.parametrize(("declared", "body"), [(b"0", b""), (b"8", b"12345678")])
+def test_a_content_length_up_to_the_limit_is_served(declared: bytes, body: bytes) -> None:
+    assert _call(GUARD, [(b"content-length", declared)], body) == (200, {"received": len(body)})
+
+
+def test_a_content_length_over_the_limit_is_refused_before_the_body() -> None:
+    status, payload = _call(GUARD, [(b"content-length", b"9")], b"123456789")
+    assert status == 413 and set(payload["error"]) == {"message", "type", "param", "code"}, payload
