@@ -40,6 +40,16 @@ def test_compressed_prompt_from_selection_keeps_original_positions() -> None:
     assert cp.n == 6 and cp.kept == 3 and not cp.is_dense
 
 
+def test_a_dense_compressed_prompt_keeps_every_token_where_it_was() -> None:
+    prompt = Prompt.from_token_ids([10, 11, 12, 13])
+    cp = CompressedPrompt.dense(prompt)
+    assert isinstance(cp, CompressedPrompt)
+    assert (cp.token_ids, cp.position_ids, cp.n) == ((10, 11, 12, 13), (0, 1, 2, 3), 4)
+    assert cp.is_dense is True and cp.keep_ratio == 1.0
+    sparse = CompressedPrompt.from_selection(prompt, Selection(indices=(0, 3), n=4, protected=(False, False)))
+    assert sparse.is_dense is False and sparse.keep_ratio == 0.5
+
+
 def test_compressed_prompt_from_selection_of_one_token() -> None:
     prompt = Prompt.from_token_ids([10, 11, 12])
     cp = CompressedPrompt.from_selection(prompt, Selection(indices=(1,), n=3, protected=(False,)))
