@@ -143,3 +143,16 @@ def test_adaptive_coverage_one_keeps_only_the_tokens_with_mass() -> None:
     values[[1, 8, 13]] = torch.tensor([1.0, 2.0, 4.0])
     sel = _adaptive(coverage=1.0).select(text_prompt(20), scores_of(values))
     assert sel.indices == (1, 8, 13)
+
+
+def test_a_tiny_keep_rate_still_keeps_one_chunk() -> None:
+    # ceil(10 chunks x 1e-12) is taken as 0 by the rounding tolerance; the floor is one chunk.
+    sel = Chunked(KeepRate(1e-12), 4).select(text_prompt(40), ramp(40))
+    assert sel.indices == (36, 37, 38, 39)
+
+
+def test_protect_names_only_the_options_that_differ_from_the_defaults() -> None:
+    assert Protect(KeepRate(0.1)).name == "Protect(KeepRate(0.1))"
+    assert Protect(KeepRate(0.1), sink=2).name == "Protect(KeepRate(0.1), sink=2)"
+    # 1 == True in Python, but an integer tail of 1 is not the default tail: it is named.
+    assert Protect(KeepRate(0.1), tail=1).name == "Protect(KeepRate(0.1), tail=1)"
