@@ -143,9 +143,16 @@ def test_a_precompressed_prompt_without_its_length_decodes_after_its_last_positi
     )
     assert longer.compressed is not None and longer.compressed.n == len(ids) + 9
     assert engine.backend.prefill(longer.compressed).next_position == len(ids) + 9
-    # The default max_tokens is sized from n, not from the kept count.
-    assert bare.params.max_tokens == min(engine.default_max_tokens, engine.max_context - len(ids))
-    completion = engine.run_generate(bare)
+    # The default max_tokens is what the context leaves after n (within the server's caps), not after
+    # the kept count.
+    expected = engine.max_context - len(ids)
+    for cap in (engine.default_max_tokens, engine.max_output_tokens):
+        expected = expected if cap is None else min(expected, cap)
+    assert bare.params.max_tokens == expected
+    short = engine.prepare(
+        None, SpecPrefillOptions(prompt_token_ids=kept_ids, position_ids=positions), {"max_tokens": 4}
+    )
+    completion = engine.run_generate(short)
     assert completion.usage.prompt_tokens == len(ids) and completion.usage.kept_tokens == len(keep)
-    same = engine.backend.generate(CompressedPrompt(tuple(kept_ids), tuple(positions), len(ids)), bare.params)
+    same = engine.backend.generate(CompressedPrompt(tuple(kept_ids), tuple(positions), len(ids)), short.params)
     assert completion.token_ids == same.token_ids
