@@ -412,6 +412,12 @@ def test_close_fails_the_waiting_callers_finishes_the_running_batch_and_stops_th
     assert batches(log) == [["d"]] and queue.stats().depth == 0
 
 
+def test_what_is_not_a_prompt_is_refused_in_the_callers_thread(queue: ScoringQueue, recording: Recording) -> None:
+    with pytest.raises(InvalidRequestError, match="Prompt objects, got str"):
+        queue.submit(recording, "not a prompt")  # type: ignore[arg-type]
+    assert queue.depth == 0 and not queue.closed
+
+
 @pytest.mark.parametrize(
     ("settings", "match"),
     [

@@ -59,7 +59,7 @@ def _body(question: str, max_tokens: int, stream: bool = False) -> dict[str, Any
 
 
 @pytest.mark.slow
-def test_concurrent_requests_are_scored_in_one_batch_and_a_gone_client_is_dropped(server: ServerProcess) -> None:
+def test_concurrent_requests_are_scored_in_one_batch_and_gone_clients_are_dropped(server: ServerProcess) -> None:
     health = _health(server)
     assert health["scoring"] is not None and health["scoring"]["batches"] == 0
     assert health["scoring"]["max_wait_ms"] == 600000 and health["scoring"]["max_batch_tokens"] == 16384
@@ -82,6 +82,13 @@ def test_concurrent_requests_are_scored_in_one_batch_and_a_gone_client_is_droppe
                 _until(server, lambda h: h["scoring"]["depth"] == 1, "the prompt waits, the stream still running")
             health = _until(server, lambda h: h["scoring"]["cancelled"] == 1, "the gone client's prompt is dropped")
             assert health["scoring"]["depth"] == 0 and health["scoring"]["batches"] == 1
+            # The same for a stream closed before its first token: its first step waited for scores.
+            with client.stream("POST", f"{server.api}/chat/completions", json=_body(QUESTIONS[1], 8, True)) as gone:
+                gone_lines = gone.iter_lines()  # kept: a dropped line iterator closes the connection
+                assert next(gone_lines).startswith("data: ")  # the role chunk, sent before scoring
+                _until(server, lambda h: h["scoring"]["depth"] == 1, "the stream's prompt waits")
+            health = _until(server, lambda h: h["scoring"]["cancelled"] == 2, "the closed stream's prompt is dropped")
+            assert health["scoring"]["batches"] == 1 and health["cancelled_streams"] == 1
 
             # Three requests at once: their prompts wait together while the stream runs ...
             answers: list[httpx.Response] = []
@@ -103,7 +110,7 @@ def test_concurrent_requests_are_scored_in_one_batch_and_a_gone_client_is_droppe
         assert usage["fallback"] is None and usage["score_ms"] > 0
     scoring = _until(server, lambda h: h["running"] == 0, "every request ended")["scoring"]
     assert (scoring["batches"], scoring["prompts"], scoring["largest_batch"]) == (2, 4, 3)
-    assert scoring["mean_batch_size"] == 2.0 and scoring["scoring_ms"] > 0 and scoring["cancelled"] == 1
+    assert scoring["mean_batch_size"] == 2.0 and scoring["scoring_ms"] > 0 and scoring["cancelled"] == 2
 
 
 def _args(*argv: str) -> argparse.Namespace:

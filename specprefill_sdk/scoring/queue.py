@@ -44,7 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import RequestCancelledError, SpecPrefillError
+from ..errors import InvalidRequestError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Scorer
 from ..types import Prompt, TokenScores
 from ..validation import check_float, check_int
@@ -219,10 +219,14 @@ class ScoringQueue:
         """Submit several prompts at once (they queue one after the other) and wait for all of them.
 
         Raises:
+            InvalidRequestError: something that is not a `Prompt` (the queue measures prompts by ``n``).
             The first error among the prompts' outcomes (see `submit`).
         """
         if not prompts:
             return []
+        for p in prompts:
+            if not isinstance(p, Prompt):
+                raise InvalidRequestError(f"a scorer scores Prompt objects, got {type(p).__name__}", param="prompt")
         if threading.current_thread() is self._thread:
             # A scorer that itself scores through this queue would wait on its own thread forever.
             return scorer.score_batch(prompts)
@@ -341,7 +345,16 @@ class ScoringQueue:
 
     def _gather(self) -> None:
         while True:
-            batch = self._next_batch()
+            try:
+                batch = self._next_batch()
+            except BaseException as exc:  # a defect here: fail and refuse everything rather than hang callers
+                logger.exception("the scoring queue failed; it is closed")
+                with self._cond:
+                    self._closed = True
+                    waiting, self._pending = list(self._pending), deque()
+                for item in waiting:
+                    item.finish(error=exc)
+                return
             if batch is None:
                 return
             try:
