@@ -149,17 +149,6 @@ def _configure_logging(verbose: int) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def _quiet_transformers(verbose: int) -> None:
-    """Hide transformers' weight-loading bars unless asked for: they are noise on every run."""
-    if verbose:
-        return
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return
-    hf_logging.disable_progress_bar()
-
-
 def _json_result(completion: Completion, pipe: Pipeline) -> dict[str, Any]:
     return {
         "text": completion.text,
@@ -210,7 +199,6 @@ def main(args: argparse.Namespace) -> int:
     policy = policy.with_overrides(keep_rate=args.keep)
     # Library code and the libraries below it may print; stdout belongs to the answer alone.
     with contextlib.redirect_stdout(sys.stderr):
-        _quiet_transformers(getattr(args, "verbose", 0))
         tracer_provider, meter_provider = None, None
         if getattr(args, "otel", "none") != "none":
             from ..tracing.setup import configure
