@@ -14,7 +14,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-JSON_KEYS = {"text", "prompt_tokens", "kept_tokens", "keep_ratio", "timings_ms", "model", "draft"}
+JSON_KEYS = {
+    "text",
+    "finish_reason",
+    "prompt_tokens",
+    "kept_tokens",
+    "completion_tokens",
+    "keep_ratio",
+    "timings_ms",
+    "model",
+    "draft",
+    "policy",
+    "selector",
+    "reason",
+    "fallback",
+}
 TIMING_KEYS = {"score", "select", "prefill", "ttft", "total"}
 
 
@@ -229,6 +243,8 @@ def test_run_json_prints_exactly_one_object(tmp_path: Path, essay: str) -> None:
     assert 0 < data["kept_tokens"] < data["prompt_tokens"]
     assert data["keep_ratio"] == pytest.approx(data["kept_tokens"] / data["prompt_tokens"])
     assert 0.15 < data["keep_ratio"] < 0.35
+    assert data["finish_reason"] == "length" and data["completion_tokens"] == 6 and data["policy"] == "paper"
+    assert "KeepRate(0.2)" in data["selector"] and "keep-rate 0.2" in data["reason"] and data["fallback"] is None
 
 
 @pytest.mark.slow
@@ -265,3 +281,4 @@ def test_run_human_output_streams_the_answer_then_statistics(smollm, tmp_path: P
     assert out.strip()  # the answer, alone on stdout
     assert "kept tokens" not in out
     assert "kept tokens" in err and "TTFT" in err and "conservative" in err
+
