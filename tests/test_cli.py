@@ -282,3 +282,51 @@ def test_run_human_output_streams_the_answer_then_statistics(smollm, tmp_path: P
     assert "kept tokens" not in out
     assert "kept tokens" in err and "TTFT" in err and "conservative" in err
 
+
+@pytest.mark.slow
+def test_serve_takes_its_settings_from_the_environment_and_logs_one_format(tmp_path: Path) -> None:
+    import re
+
+    import httpx
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from server_utils import free_port, wait_for_health
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "SPECPREFILL_HOST": "127.0.0.1",
+        "SPECPREFILL_PORT": str(port),
+        "SPECPREFILL_DEVICE": "cpu",
+        "SPECPREFILL_LOG_LEVEL": "info",
+        "SPECPREFILL_MAX_QUEUE": "3",
+        "SPECPREFILL_MAX_CONCURRENCY": "2",
+        "SPECPREFILL_MAX_QUEUES": "4",  # misspelt: a warning, not a setting
+    }
+    env.pop("SPECPREFILL_API_KEY", None)
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specprefill_sdk", "serve", "--max-concurrency", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            health = wait_for_health(f"http://127.0.0.1:{port}", timeout=180, proc=proc)
+            assert (health["max_queue"], health["max_concurrency"]) == (3, 1)  # the command line wins
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    line_format = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+    assert lines and all(line_format.match(line) for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    assert "SPECPREFILL_MAX_QUEUES is not a setting: did you mean SPECPREFILL_MAX_QUEUE?" in text
+    assert re.search(r"INFO uvicorn\.access: 127\.0\.0\.1:\d+ - \"GET /v1/models HTTP/1\.1\" 200", text), text
+    assert "INFO uvicorn.error: Uvicorn running on http://127.0.0.1:" in text
+    assert "Loading weights" not in text and "loaded smollm2-135m" in text
