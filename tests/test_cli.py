@@ -198,7 +198,8 @@ def test_policies_listing_and_one_policy() -> None:
     result = cli("policies", "paper", "--json")
     data = json.loads(result.stdout)
     assert data["selector"]["keep_rate"] == 0.1 and data["scorer"]["look_ahead"] == 8
-    assert data["selector_built"] == "Protect(Chunked(KeepRate(0.1), 32))"
+    assert data["selector_built"] == "DenseBelow(Protect(Chunked(KeepRate(0.1), 32)), 256)"
+    assert data["selector"]["dense_below_tokens"] == 256
     table = cli("policies")
     assert table.returncode == 0 and "paper" in table.stdout and "conservative" in table.stdout
 
@@ -245,6 +246,19 @@ def test_run_json_prints_exactly_one_object(tmp_path: Path, essay: str) -> None:
     assert 0.15 < data["keep_ratio"] < 0.35
     assert data["finish_reason"] == "length" and data["completion_tokens"] == 6 and data["policy"] == "paper"
     assert "KeepRate(0.2)" in data["selector"] and "keep-rate 0.2" in data["reason"] and data["fallback"] is None
+
+
+@pytest.mark.slow
+def test_run_prefills_a_short_chat_whole_by_default() -> None:
+    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+
+    question = "What is the capital of France, and which river runs through it? Answer in one sentence."
+    result = cli("run", "--prompt", question, "--max-tokens", "4", "--json", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert 16 < data["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS and data["kept_tokens"] == data["prompt_tokens"]
+    assert data["policy"] == "paper" and data["selector"].startswith("DenseBelow(")
+    assert data["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens" and data["timings_ms"]["score"] == 0
 
 
 @pytest.mark.slow
