@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import functools
 import hashlib
@@ -26,6 +27,7 @@ import os
 import re
 import shutil
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -245,6 +247,27 @@ def _join_chunks(model: BundledModel, paths: list[Path], target: Path, progress:
     return target
 
 
+@contextlib.contextmanager
+def _quiet_loading() -> Iterator[None]:
+    """transformers' progress bars off while a model loads, as they were after.
+
+    Every load would otherwise draw "Loading weights" / "Loading checkpoint shards" bars on
+    stderr: noise in server logs and CLI output. `load_model` logs one line of its own instead.
+    """
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+    from transformers.utils import logging as hf_logging
+
+    was_on, hub_was_off = hf_logging.is_progress_bar_enabled(), are_progress_bars_disabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()  # turns the hub's bars back on too
+            if hub_was_off:
+                disable_progress_bars()
+
+
 def _convert_gguf(gguf: Path, out_dir: Path, progress: bool) -> Path:
     """Dequantize a GGUF file once into a bf16 Hugging Face folder (30-90 s for small models)."""
     import transformers
@@ -258,7 +281,7 @@ def _convert_gguf(gguf: Path, out_dir: Path, progress: bool) -> Path:
 
     console = Console(stderr=True, quiet=not progress)
     try:
-        with console.status(f"converting {gguf.name} to a bf16 model folder (first use only)"):
+        with console.status(f"converting {gguf.name} to a bf16 model folder (first use only)"), _quiet_loading():
             tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), **kwargs)
     except Exception as exc:
@@ -400,11 +423,13 @@ def load_model(
         source = resolve_model_path(spec, progress=progress)
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        t0 = time.perf_counter()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
-            model = AutoModelForCausalLM.from_pretrained(
-                str(source), dtype=dt, local_files_only=True, attn_implementation=attn_implementation
-            )
+            with _quiet_loading():
+                tokenizer = AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+                model = AutoModelForCausalLM.from_pretrained(
+                    str(source), dtype=dt, local_files_only=True, attn_implementation=attn_implementation
+                )
         except Exception as exc:
             raise ModelLoadError(f"could not load model {spec!r} from {source}: {exc}") from exc
         model.to(dev)  # type: ignore[arg-type]
@@ -420,6 +445,16 @@ def load_model(
             source=str(source),
         )
         _loaded[key] = loaded
+        params = sum(p.numel() for p in model.parameters())
+        logger.info(
+            "loaded %s (%s, %.0fM parameters, %s on %s) in %.1f s",
+            loaded.name,
+            type(model).__name__,
+            params / 1e6,
+            str(dt).removeprefix("torch."),
+            dev,
+            time.perf_counter() - t0,
+        )
         return loaded
 
 

@@ -13,7 +13,7 @@ Example::
     from specprefill_sdk.policies import load_pipeline, load_policy
 
     policy = load_policy("paper").with_overrides(keep_rate=0.2)
-    policy.build_selector().name  # 'Protect(Chunked(KeepRate(0.2), 32))'
+    policy.build_selector().name  # 'DenseBelow(Protect(Chunked(KeepRate(0.2), 32)), 256)'
     pipe = load_pipeline("paper", model="smollm2-135m", keep_rate=0.2)
 """
 
@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .runtime.settings import ExecutionSettings
 
 __all__ = [
+    "DEFAULT_DENSE_BELOW_TOKENS",
     "MODEL_SCORERS",
     "OVERRIDE_KEYS",
     "RENAMED",
@@ -75,6 +76,11 @@ logger = logging.getLogger(__name__)
 
 # The same default as `models.DEFAULT_MODEL`, spelled out so that reading policies needs no torch.
 _DEFAULT_MODEL = "smollm2-135m"
+#: ``dense_below_tokens`` of a policy that names none (the presets among them): shorter prompts are
+#: prefilled whole and the draft never runs. Below it, scoring and the kept prefill take longer than
+#: prefilling everything and the answer changes the most; docs/benchmarks.md ("Where compression
+#: starts to pay") has the measurement. An explicit ``dense_below_tokens = 0`` turns it off.
+DEFAULT_DENSE_BELOW_TOKENS = 256
 
 ScorerKind = Literal["draft-attention", "self-information", "uniform", "random", "recency", "head-tail"]
 SelectorKind = Literal["keep-rate", "token-budget", "adaptive"]
@@ -162,7 +168,7 @@ class SelectorSettings(_Section):
     #: Select whole chunks of this many tokens; 1 selects single tokens.
     chunk_size: int = Field(default=32, ge=1)
     #: Prompts shorter than this are prefilled whole, without the draft (0: never).
-    dense_below_tokens: int = Field(default=0, ge=0)
+    dense_below_tokens: int = Field(default=DEFAULT_DENSE_BELOW_TOKENS, ge=0)
     #: ``adaptive``: keep the fewest tokens holding this share of the score mass ...
     coverage: float = Field(default=0.9, gt=0, le=1)
     #: ... but at least this share of the prompt ...
@@ -319,7 +325,8 @@ class Policy(BaseModel):
                 last_user_turn=p.last_user_turn,
                 special_tokens=p.special_tokens,
             )
-        if s.dense_below_tokens and s.kind != "adaptive":
+        keeps_all = s.kind == "keep-rate" and s.keep_rate >= 1  # dense already: nothing to switch off
+        if s.dense_below_tokens and s.kind != "adaptive" and not keeps_all:
             selector = DenseBelow(selector, s.dense_below_tokens)
         return selector
 

@@ -445,6 +445,28 @@ class Completion:
     def keep_ratio(self) -> float:
         return self.usage.keep_ratio
 
+    def __repr__(self) -> str:
+        # The generated dataclass repr prints every token id and the whole selection: pages of
+        # numbers in a REPL or a log line. This one fits on a line.
+        text = self.text if len(self.text) <= _REPR_TEXT else self.text[: _REPR_TEXT - 1] + "…"
+        u, t = self.usage, self.timings
+        parts = [
+            f"text={text!r}",
+            f"finish_reason={self.finish_reason!r}",
+            f"tokens={u.prompt_tokens} prompt / {u.kept_tokens} kept / {u.completion_tokens} generated",
+            f"ttft={t.ttft:.1f} ms",
+            f"total={t.total:.1f} ms",
+        ]
+        if self.model:
+            parts.append(f"model={self.model!r}")
+        if self.fallback:
+            parts.append(f"fallback={self.fallback!r}")
+        return f"Completion({', '.join(parts)})"
+
+
+#: Characters of the text that `Completion`'s repr shows.
+_REPR_TEXT = 60
+
 
 @dataclass(frozen=True)
 class CompletionChunk:

@@ -14,7 +14,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-JSON_KEYS = {"text", "prompt_tokens", "kept_tokens", "keep_ratio", "timings_ms", "model", "draft"}
+JSON_KEYS = {
+    "text",
+    "finish_reason",
+    "prompt_tokens",
+    "kept_tokens",
+    "completion_tokens",
+    "keep_ratio",
+    "timings_ms",
+    "model",
+    "draft",
+    "policy",
+    "selector",
+    "reason",
+    "fallback",
+}
 TIMING_KEYS = {"score", "select", "prefill", "ttft", "total"}
 
 
@@ -184,7 +198,8 @@ def test_policies_listing_and_one_policy() -> None:
     result = cli("policies", "paper", "--json")
     data = json.loads(result.stdout)
     assert data["selector"]["keep_rate"] == 0.1 and data["scorer"]["look_ahead"] == 8
-    assert data["selector_built"] == "Protect(Chunked(KeepRate(0.1), 32))"
+    assert data["selector_built"] == "DenseBelow(Protect(Chunked(KeepRate(0.1), 32)), 256)"
+    assert data["selector"]["dense_below_tokens"] == 256
     table = cli("policies")
     assert table.returncode == 0 and "paper" in table.stdout and "conservative" in table.stdout
 
@@ -229,6 +244,21 @@ def test_run_json_prints_exactly_one_object(tmp_path: Path, essay: str) -> None:
     assert 0 < data["kept_tokens"] < data["prompt_tokens"]
     assert data["keep_ratio"] == pytest.approx(data["kept_tokens"] / data["prompt_tokens"])
     assert 0.15 < data["keep_ratio"] < 0.35
+    assert data["finish_reason"] == "length" and data["completion_tokens"] == 6 and data["policy"] == "paper"
+    assert "KeepRate(0.2)" in data["selector"] and "keep-rate 0.2" in data["reason"] and data["fallback"] is None
+
+
+@pytest.mark.slow
+def test_run_prefills_a_short_chat_whole_by_default() -> None:
+    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+
+    question = "What is the capital of France, and which river runs through it? Answer in one sentence."
+    result = cli("run", "--prompt", question, "--max-tokens", "4", "--json", "--device", "cpu")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert 16 < data["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS and data["kept_tokens"] == data["prompt_tokens"]
+    assert data["policy"] == "paper" and data["selector"].startswith("DenseBelow(")
+    assert data["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens" and data["timings_ms"]["score"] == 0
 
 
 @pytest.mark.slow
@@ -265,3 +295,52 @@ def test_run_human_output_streams_the_answer_then_statistics(smollm, tmp_path: P
     assert out.strip()  # the answer, alone on stdout
     assert "kept tokens" not in out
     assert "kept tokens" in err and "TTFT" in err and "conservative" in err
+
+
+@pytest.mark.slow
+def test_serve_takes_its_settings_from_the_environment_and_logs_one_format(tmp_path: Path) -> None:
+    import re
+
+    import httpx
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from server_utils import free_port, wait_for_health
+
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "SPECPREFILL_HOST": "127.0.0.1",
+        "SPECPREFILL_PORT": str(port),
+        "SPECPREFILL_DEVICE": "cpu",
+        "SPECPREFILL_LOG_LEVEL": "info",
+        "SPECPREFILL_MAX_QUEUE": "3",
+        "SPECPREFILL_MAX_CONCURRENCY": "2",
+        "SPECPREFILL_MAX_QUEUES": "4",  # misspelt: a warning, not a setting
+    }
+    env.pop("SPECPREFILL_API_KEY", None)
+    log_path = tmp_path / "serve.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "specprefill_sdk", "serve", "--max-concurrency", "1"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=ROOT,
+        )
+        try:
+            health = wait_for_health(f"http://127.0.0.1:{port}", timeout=180, proc=proc)
+            assert (health["max_queue"], health["max_concurrency"]) == (3, 1)  # the command line wins
+            assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).status_code == 200
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=30)
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    line_format = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+    assert lines and all(line_format.match(line) for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    assert "SPECPREFILL_MAX_QUEUES is not a setting: did you mean SPECPREFILL_MAX_QUEUE?" in text
+    assert re.search(r"INFO uvicorn\.access: 127\.0\.0\.1:\d+ - \"GET /v1/models HTTP/1\.1\" 200", text), text
+    assert "INFO uvicorn.error: Uvicorn running on http://127.0.0.1:" in text
+    assert "Loading weights" not in text and "loaded smollm2-135m" in text

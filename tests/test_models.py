@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,23 @@ def test_local_folder_loads_from_its_path(smollm) -> None:
     lm = load_model(smollm.source, device="cpu", dtype="bfloat16", progress=False)
     assert lm.model.config.num_hidden_layers == 30
     assert lm.tokenizer.is_fast
+
+
+def test_loading_draws_no_progress_bars_and_logs_one_line() -> None:
+    # A fresh process: the model is loaded for real, not taken from this process's cache.
+    code = (
+        "import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stderr); "
+        "from specprefill_sdk.models import load_model; load_model('smollm2-135m', device='cpu'); "
+        "from transformers.utils import logging as hf; print(hf.is_progress_bar_enabled())"
+    )
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")}
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(root))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env, cwd=root, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Loading weights" not in done.stderr and "it/s" not in done.stderr, done.stderr
+    loaded = [line for line in done.stderr.splitlines() if "loaded smollm2-135m" in line]
+    assert len(loaded) == 1 and "LlamaForCausalLM" in loaded[0] and "on cpu" in loaded[0], done.stderr
+    assert done.stdout.strip() == "True"  # the bars are the caller's again after loading

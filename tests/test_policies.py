@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 
 from specprefill_sdk.errors import PolicyError
-from specprefill_sdk.policies import OVERRIDE_KEYS, Policy, list_policies, load_policy, policy_dirs
+from specprefill_sdk.policies import (
+    DEFAULT_DENSE_BELOW_TOKENS,
+    OVERRIDE_KEYS,
+    Policy,
+    list_policies,
+    load_policy,
+    policy_dirs,
+)
 from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
 from specprefill_sdk.types import Prompt
 
@@ -42,13 +49,18 @@ def test_paper_preset_has_the_paper_settings() -> None:
     assert paper.scorer.kind == "draft-attention"
     assert (paper.scorer.look_ahead, paper.scorer.pool_kernel) == (8, 13)
     assert (paper.selector.kind, paper.selector.keep_rate, paper.selector.chunk_size) == ("keep-rate", 0.1, 32)
-    assert paper.build_selector() == Protect(Chunked(KeepRate(0.1), 32), sink=1, tail=True)
+    assert paper.selector.dense_below_tokens == DEFAULT_DENSE_BELOW_TOKENS > 0  # short prompts: dense
+    assert paper.build_selector() == DenseBelow(
+        Protect(Chunked(KeepRate(0.1), 32), sink=1, tail=True), DEFAULT_DENSE_BELOW_TOKENS
+    )
 
 
 def test_conservative_and_adaptive_presets() -> None:
     conservative = load_policy("conservative")
     assert conservative.selector.keep_rate == 0.3
     selector = conservative.build_selector()
+    assert isinstance(selector, DenseBelow) and selector.tokens == DEFAULT_DENSE_BELOW_TOKENS
+    selector = selector.inner
     assert isinstance(selector, Protect) and selector.roles == ("system",) and not selector.last_user_turn
     adaptive = load_policy("adaptive").build_selector()
     assert isinstance(adaptive, Protect) and isinstance(adaptive.inner, Chunked)
@@ -74,7 +86,8 @@ def test_load_by_path(tmp_path: Path) -> None:
     for spec in (path, str(path)):
         policy = load_policy(spec)
         assert policy.name == "mine"
-        assert policy.build_selector() == Protect(Chunked(TokenBudget(256), 32))
+        # a file that names no dense_below_tokens gets the default, as the presets do
+        assert policy.build_selector() == DenseBelow(Protect(Chunked(TokenBudget(256), 32)), DEFAULT_DENSE_BELOW_TOKENS)
 
 
 def test_unknown_name_lists_the_valid_policies() -> None:
@@ -132,7 +145,9 @@ def test_overrides_change_a_copy() -> None:
     assert changed.scorer.look_ahead == 4
     assert changed.protect.sink == 2 and changed.protect.roles == ("system",)
     assert paper.selector.keep_rate == 0.1 and paper.protect.sink == 1
-    assert changed.build_selector() == Protect(Chunked(KeepRate(0.25), 16), sink=2, roles=("system",))
+    assert changed.build_selector() == DenseBelow(
+        Protect(Chunked(KeepRate(0.25), 16), sink=2, roles=("system",)), DEFAULT_DENSE_BELOW_TOKENS
+    )
 
 
 def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
@@ -210,8 +225,10 @@ def test_bad_override_values_name_the_key(key: str, value: object) -> None:
 
 def test_selector_shapes() -> None:
     paper = load_policy("paper")
+    paper = paper.with_overrides(dense_below_tokens=0)  # asked for: compress prompts of any length
     assert paper.with_overrides(chunk_size=1).build_selector() == Protect(KeepRate(0.1))
     assert paper.with_overrides(sink=0, tail=False).build_selector() == Chunked(KeepRate(0.1), 32)
+    assert paper.build_selector().decide_without_scores(Prompt.from_token_ids(range(100))) is None
     dense_below = paper.with_overrides(min_prompt_tokens=512).build_selector()
     assert dense_below == DenseBelow(Protect(Chunked(KeepRate(0.1), 32)), 512)
     assert dense_below.decide_without_scores(Prompt.from_token_ids(range(100))) is not None
@@ -236,8 +253,8 @@ def test_load_pipeline_shares_the_target_as_draft_and_generates(smollm, essay) -
     pipe = load_pipeline("paper", model=smollm, keep_rate=0.2)
     assert pipe.backend.loaded is smollm  # type: ignore[attr-defined]
     assert pipe.scorer.loaded is smollm  # type: ignore[attr-defined]
-    assert pipe.selector == Protect(Chunked(KeepRate(0.2), 32))
-    prompt = [{"role": "user", "content": essay[:1000] + "\n\nIn one sentence, what is this text about?"}]
+    assert pipe.selector == DenseBelow(Protect(Chunked(KeepRate(0.2), 32)), DEFAULT_DENSE_BELOW_TOKENS)
+    prompt = [{"role": "user", "content": essay[:2000] + "\n\nIn one sentence, what is this text about?"}]
     answer = pipe.generate(prompt, max_tokens=4)
     assert answer.usage.completion_tokens >= 1
     assert 0.15 < answer.usage.keep_ratio < 0.35
@@ -373,3 +390,21 @@ def test_load_pipeline_refuses_execution_settings_nothing_built_reads(smollm) ->
     # a draft-attention scorer built here takes it
     pipe = load_pipeline("paper", backend=backend, execution=execution)
     assert pipe.scorer.execution is execution  # type: ignore[attr-defined]
+
+
+def test_the_presets_prefill_short_prompts_whole_unless_asked_otherwise() -> None:
+    n = DEFAULT_DENSE_BELOW_TOKENS
+    for name in ("paper", "conservative"):
+        policy = load_policy(name)
+        selector = policy.build_selector()
+        short = selector.decide_without_scores(Prompt.from_token_ids(range(48)))
+        assert short is not None and short.dense and short.kept == 48 and short.reason == f"dense below {n} tokens"
+        assert selector.decide_without_scores(Prompt.from_token_ids(range(n))) is None  # long: scored
+        assert f"dense below {n} tokens" in policy.summary()
+        # an explicit keep rate keeps the threshold; an explicit dense_below_tokens=0 turns it off
+        kept = policy.with_overrides(keep_rate=0.2).build_selector()
+        assert kept.decide_without_scores(Prompt.from_token_ids(range(48))) is not None
+        off = policy.with_overrides(dense_below_tokens=0).build_selector()
+        assert not isinstance(off, DenseBelow) and off.decide_without_scores(Prompt.from_token_ids(range(48))) is None
+    assert load_policy("adaptive").selector.dense_below_tokens == 1024  # its own, larger threshold
+    assert not isinstance(load_policy("dense").build_selector(), DenseBelow)  # dense already

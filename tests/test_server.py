@@ -119,6 +119,29 @@ def test_chat_completion_compresses_and_reports_usage(client: openai.OpenAI, ser
     assert 0 < sp["kept_tokens"] < 0.3 * len(ids)
     assert sp["keep_ratio"] == pytest.approx(sp["kept_tokens"] / len(ids))
     assert sp["score_ms"] > 0 and sp["prefill_ms"] > 0 and sp["fallback"] is None
+    assert "keep-rate 0.1" in sp["reason"]  # a prompt above the dense threshold is compressed
+
+
+def test_a_short_chat_is_prefilled_whole_by_the_default_policy(client: openai.OpenAI) -> None:
+    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+        {"role": "user", "content": "What is the capital of France, and which river runs through it?"},
+    ]
+    resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=4)  # type: ignore[arg-type]
+    assert resp.usage is not None and 32 < resp.usage.prompt_tokens < DEFAULT_DENSE_BELOW_TOKENS
+    sp = _sp(resp)
+    assert sp["kept_tokens"] == resp.usage.prompt_tokens and sp["score_ms"] == 0  # the draft never ran
+    assert sp["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens" and sp["fallback"] is None
+    # asked for explicitly, the same chat is compressed
+    resp = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=4,
+        extra_body={"specprefill": {"min_prompt_tokens": 0}},
+    )
+    assert resp.usage is not None and _sp(resp)["kept_tokens"] < resp.usage.prompt_tokens
 
 
 def test_extra_body_controls_compression(client: openai.OpenAI, text: str) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 
 import pytest
 
@@ -221,3 +222,140 @@ def test_create_app_refuses_a_device_for_the_vllm_engine_and_engine_options_besi
         create_app(ServerConfig(engine="vllm", device="cpu"))
     with pytest.raises(InvalidRequestError, match="it was given a backend"):
         create_app(ServerConfig(engine="vllm", engine_args={"max_model_len": 64}), backend=tiny_backend)
+
+
+# ------------------------------------------------------------------------------ serve and the environment
+def test_serve_reads_its_defaults_from_the_environment_and_the_command_line_wins() -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    environ = {
+        "SPECPREFILL_MAX_QUEUE": "5",
+        "SPECPREFILL_PORT": "9001",
+        "SPECPREFILL_POLICY": "conservative",
+        "SPECPREFILL_COMPILE": "yes",
+        "SPECPREFILL_SESSION_STRATEGY": "refresh",
+        "SPECPREFILL_MAX_BODY_BYTES": "2048",
+        "SPECPREFILL_LOG_LEVEL": "warning",
+        "SPECPREFILL_API_KEY": "k1,k2",
+    }
+    config = config_from_args(_parse(), environ=environ)
+    assert config == ServerConfig(
+        max_queue=5,
+        port=9001,
+        policy="conservative",
+        compile=True,
+        session_strategy="refresh",
+        max_body_bytes=2048,
+        log_level="warning",
+        api_keys=("k1", "k2"),
+    )
+    args = _parse("--max-queue", "7", "--port", "0", "--log-level", "debug", "--api-key", "k3")
+    config = config_from_args(args, environ=environ)
+    assert (config.max_queue, config.port, config.log_level, config.api_keys) == (7, 0, "debug", ("k3",))
+    assert config.policy == "conservative" and config.max_body_bytes == 2048  # the rest still from the environment
+
+
+def test_serve_takes_the_engine_and_its_options_from_the_environment_key_by_key() -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    environ = {
+        "SPECPREFILL_ENGINE": "vllm",
+        "SPECPREFILL_ENGINE_ARGS": '{"max_model_len": 4096, "enforce_eager": true, "swap_space": 4}',
+    }
+    config = config_from_args(_parse(), environ=environ)
+    assert config.engine == "vllm"
+    assert config.engine_options == {"enforce_eager": True, "max_model_len": 4096, "swap_space": 4}
+    config = config_from_args(_parse("--max-model-len", "8192", "--engine-arg", "swap_space=8"), environ=environ)
+    assert config.engine_options == {"enforce_eager": True, "max_model_len": 8192, "swap_space": 8}
+    # the named vLLM options need the vLLM engine, wherever the engine was chosen
+    with pytest.raises(InvalidRequestError, match="need --engine vllm"):
+        config_from_args(_parse("--max-model-len", "8192"), environ={})
+    assert config_from_args(_parse("--engine", "transformers"), environ={"SPECPREFILL_ENGINE": "vllm"}).engine == (
+        "transformers"
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "fragment"),
+    [
+        ("SPECPREFILL_MAX_QUEUE", "-1", "SPECPREFILL_MAX_QUEUE: max_queue must be"),
+        ("SPECPREFILL_MAX_QUEUE", "many", "SPECPREFILL_MAX_QUEUE must be a number"),
+        ("SPECPREFILL_SESSION_STRATEGY", "forget", "SPECPREFILL_SESSION_STRATEGY: session_strategy must be one of"),
+        ("SPECPREFILL_COMPILE", "perhaps", "SPECPREFILL_COMPILE must be true or false"),
+        ("SPECPREFILL_ENGINE_ARGS", "[1]", "SPECPREFILL_ENGINE_ARGS must be a JSON object"),
+        ("SPECPREFILL_API_KEY", " , ", "SPECPREFILL_API_KEY is set but holds no key"),
+    ],
+)
+def test_serve_names_the_variable_of_a_bad_value(variable: str, value: str, fragment: str) -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    with pytest.raises(InvalidRequestError, match=re.escape(fragment)):
+        config_from_args(_parse(), environ={variable: value})
+
+
+def test_serve_takes_the_exporter_from_the_environment() -> None:
+    from specprefill_sdk.cli.serve import otel_kind
+
+    assert otel_kind(_parse(), environ={}) == "none"
+    assert otel_kind(_parse(), environ={"SPECPREFILL_OTEL": "console"}) == "console"
+    assert otel_kind(_parse("--otel", "none"), environ={"SPECPREFILL_OTEL": "otlp"}) == "none"
+    with pytest.raises(InvalidRequestError, match="SPECPREFILL_OTEL must be one of none, console, otlp"):
+        otel_kind(_parse(), environ={"SPECPREFILL_OTEL": "jaeger"})
+
+
+def test_serve_help_names_the_variable_of_every_option() -> None:
+    from specprefill_sdk.cli.serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert len(options) > 30
+    for action in options:
+        assert action.help is not None and "[env: SPECPREFILL_" in action.help, action.option_strings
+    text = parser.format_help()
+    for variable in ("SPECPREFILL_MAX_QUEUE", "SPECPREFILL_ENGINE]", "SPECPREFILL_OTEL", "SPECPREFILL_API_KEY"):
+        assert variable in text
+    assert "SPECPREFILL_ENGINE_ARGS key max_model_len" in " ".join(text.split())
+
+
+def test_a_misspelt_variable_is_named_with_the_closest_setting(caplog: pytest.LogCaptureFixture) -> None:
+    from specprefill_sdk.server.config import misspelt_variables
+
+    environ = {
+        "SPECPREFILL_MAX_QUEUES": "3",
+        "SPECPREFILL_APIKEY": "k",
+        "SPECPREFILL_ENGINE_ARG": "{}",
+        "SPECPREFILL_VLLM_PLUGINS": "0",
+        # valid names the project reads elsewhere, and a deployment's own variable: no warning
+        "SPECPREFILL_API_KEY": "k",
+        "SPECPREFILL_VLLM_PLUGIN": "0",
+        "SPECPREFILL_CACHE": "/tmp/x",
+        "SPECPREFILL_OTEL": "none",
+        "SPECPREFILL_API_BASE": "http://127.0.0.1:1/v1",
+        "SPECPREFILL_TEAM_NAME": "search",
+    }
+    assert misspelt_variables(environ) == [
+        ("SPECPREFILL_APIKEY", "SPECPREFILL_API_KEY"),
+        ("SPECPREFILL_ENGINE_ARG", "SPECPREFILL_ENGINE_ARGS"),
+        ("SPECPREFILL_MAX_QUEUES", "SPECPREFILL_MAX_QUEUE"),
+        ("SPECPREFILL_VLLM_PLUGINS", "SPECPREFILL_VLLM_PLUGIN"),
+    ]
+    with caplog.at_level("WARNING", logger="specprefill_sdk.server.config"):
+        ServerConfig.from_env({"SPECPREFILL_MAX_QUEUES": "3"})
+    assert "SPECPREFILL_MAX_QUEUES is not a setting: did you mean SPECPREFILL_MAX_QUEUE?" in caplog.text
+
+
+def test_every_specprefill_variable_in_the_project_is_a_valid_name() -> None:
+    import dataclasses
+    from pathlib import Path
+
+    from specprefill_sdk.server.config import OTHER_VARIABLES, env_name
+
+    root = Path(__file__).resolve().parents[1]
+    found: set[str] = set()
+    for folder in ("specprefill_sdk", "adapters", "examples", "benchmarks"):  # docs show a misspelt one
+        for path in (root / folder).rglob("*"):
+            if path.suffix in (".py", ".md", ".toml", ".yaml"):
+                found.update(re.findall(r"SPECPREFILL_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
+    valid = {env_name(f.name) for f in dataclasses.fields(ServerConfig)} | set(OTHER_VARIABLES)
+    assert found - valid == set()

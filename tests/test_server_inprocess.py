@@ -63,7 +63,7 @@ def _question(text: str) -> dict[str, Any]:
 def test_a_failing_draft_falls_back_to_a_dense_answer(failing_url: str) -> None:
     from specprefill_sdk.eval.corpora import haystack
 
-    body = _question(haystack(600))
+    body = _question(haystack(1500))  # above the policies' dense threshold: the draft runs (and fails)
     response = httpx.post(f"{failing_url}/v1/chat/completions", json=body, timeout=300)
     assert response.status_code == 200, response.text
     answer = response.json()
@@ -82,6 +82,7 @@ def test_a_failing_draft_falls_back_to_a_dense_answer(failing_url: str) -> None:
 def test_a_failing_draft_reports_the_fallback_in_the_stream_usage(failing_url: str) -> None:
     body = {
         **_question("A short note about rivers and lakes."),
+        "specprefill": {"min_prompt_tokens": 0},  # a short prompt the draft scores all the same (and fails)
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -104,7 +104,8 @@ def test_the_metrics_count_what_the_server_answered(server: ServerProcess) -> No
             "model": MODEL,
             "max_tokens": 4,
             "messages": [{"role": "user", "content": text[:600] + "\n\nWho wrote this?"}],
-            "specprefill": {"conversation_id": "metrics-1", "conversation_start": True},
+            # shorter than the policies' default dense threshold: compressed only when asked
+            "specprefill": {"conversation_id": "metrics-1", "conversation_start": True, "min_prompt_tokens": 0},
         },
     )
     assert first["usage"]["specprefill"]["conversation"]["turn"] == 1
@@ -280,7 +281,7 @@ def test_a_failing_draft_counts_as_a_scorer_error_fallback(backend: Any) -> None
 
     config = ServerConfig(policy="paper", metrics=True)
     with serve_in_thread(create_app(config, backend=backend, scorer=ExplodingDraft())) as base:
-        body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": haystack(600)}]}
+        body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": haystack(1500)}]}
         response = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300)
         assert response.status_code == 200, response.text
         assert response.json()["usage"]["specprefill"]["fallback"].startswith("scorer_error")

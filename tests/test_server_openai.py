@@ -315,10 +315,10 @@ def slow_url(backend: Any) -> Iterator[str]:
 
 
 def _long_text() -> str:
-    # long enough that the paper policy scores it (a prompt within one chunk is kept whole, unscored)
+    # long enough that the paper policy scores it (one under its dense threshold is kept whole, unscored)
     from specprefill_sdk.eval.corpora import haystack
 
-    return haystack(800)
+    return haystack(1500)
 
 
 def test_a_stream_that_waits_for_scoring_sends_keep_alive_comments(slow_url: str) -> None:
@@ -356,7 +356,7 @@ def test_the_openai_client_skips_keep_alive_comments(slow_url: str) -> None:
 # ----------------------------------------------------------------------------- the wire contract
 #: The fields this server adds to OpenAI's shapes (documented in docs/server.md); any other extra is a defect.
 EXTENSIONS = {"specprefill", "token_ids", "max_model_len", "kept_tokens", "keep_ratio", "score_ms", "prefill_ms"}
-EXTENSIONS |= {"fallback", "conversation"}
+EXTENSIONS |= {"fallback", "reason", "conversation"}
 
 
 def _extras(value: Any) -> set[str]:

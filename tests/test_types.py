@@ -200,3 +200,27 @@ def test_sampling_params_refuse_what_the_shared_checks_refuse(field: str, value:
     with pytest.raises(InvalidRequestError) as info:
         SamplingParams(**{field: value})  # type: ignore[arg-type]
     assert info.value.param == field and field in str(info.value)
+
+
+def test_completion_repr_is_one_short_line() -> None:
+    from specprefill_sdk.types import Completion, Selection, Timings, Usage
+
+    long_text = "word " * 200
+    done = Completion(
+        text=long_text,
+        token_ids=tuple(range(500)),
+        finish_reason="length",
+        usage=Usage(prompt_tokens=1200, kept_tokens=140, completion_tokens=500),
+        timings=Timings(score=12.5, prefill=30.0, ttft=45.25, total=900.0),
+        model="smollm2-135m",
+        fallback="dense below 256 tokens",
+        selection=Selection.keep_all(1200),
+    )
+    text = repr(done)
+    assert "\n" not in text and len(text) < 300
+    assert "499" not in text and "(0, 1, 2" not in text  # no token ids, no selection indices
+    assert "'length'" in text and "1200 prompt / 140 kept / 500 generated" in text
+    assert "ttft=45.2 ms" in text and "total=900.0 ms" in text and "'smollm2-135m'" in text
+    assert "dense below 256 tokens" in text and text.count("word") < 20 and "…" in text
+    short = repr(Completion("Paris.", (1, 2), "stop", Usage(10, 10, 2)))
+    assert short.startswith("Completion(text='Paris.', finish_reason='stop'") and "model=" not in short

@@ -41,6 +41,7 @@ def _specprefill_info(completion: Completion) -> dict[str, Any]:
         "score_ms": completion.timings.score,
         "draft": completion.draft,
         "fallback": completion.fallback,
+        "reason": completion.selection.reason if completion.selection is not None else None,
     }
 
 

@@ -50,6 +50,7 @@ def _info(completion: Completion) -> dict[str, Any]:
         "ttft_ms": completion.timings.ttft,
         "finish_reason": completion.finish_reason,
         "fallback": completion.fallback,
+        "reason": completion.selection.reason if completion.selection is not None else None,
     }
 
 

@@ -149,26 +149,22 @@ def _configure_logging(verbose: int) -> None:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
-def _quiet_transformers(verbose: int) -> None:
-    """Hide transformers' weight-loading bars unless asked for: they are noise on every run."""
-    if verbose:
-        return
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        return
-    hf_logging.disable_progress_bar()
-
-
-def _json_result(completion: Completion, pipe: Pipeline) -> dict[str, Any]:
+def _json_result(completion: Completion, pipe: Pipeline, policy: str) -> dict[str, Any]:
+    selection = completion.selection
     return {
         "text": completion.text,
+        "finish_reason": completion.finish_reason,
         "prompt_tokens": completion.usage.prompt_tokens,
         "kept_tokens": completion.usage.kept_tokens,
+        "completion_tokens": completion.usage.completion_tokens,
         "keep_ratio": completion.usage.keep_ratio,
         "timings_ms": completion.timings.as_dict(),
         "model": completion.model or pipe.backend.model_name,
         "draft": pipe.draft_name,
+        "policy": policy,
+        "selector": pipe.selector.name,
+        "reason": selection.reason if selection is not None else None,
+        "fallback": completion.fallback,
     }
 
 
@@ -183,6 +179,8 @@ def _stats_table(completion: Completion, pipe: Pipeline, policy: str) -> Any:
     table.add_row("kept tokens", f"{usage.kept_tokens} ({usage.keep_ratio:.1%})")
     table.add_row("generated tokens", f"{usage.completion_tokens} ({completion.finish_reason})")
     table.add_row("policy", f"{policy}: {pipe.selector.name}")
+    if completion.selection is not None and completion.selection.reason:
+        table.add_row("selection", completion.selection.reason)
     draft = pipe.draft_name if t.score > 0 else f"{pipe.draft_name} (not run)"
     table.add_row("model / draft", f"{completion.model or pipe.backend.model_name} / {draft}")
     if completion.fallback:
@@ -210,7 +208,6 @@ def main(args: argparse.Namespace) -> int:
     policy = policy.with_overrides(keep_rate=args.keep)
     # Library code and the libraries below it may print; stdout belongs to the answer alone.
     with contextlib.redirect_stdout(sys.stderr):
-        _quiet_transformers(getattr(args, "verbose", 0))
         tracer_provider, meter_provider = None, None
         if getattr(args, "otel", "none") != "none":
             from ..tracing.setup import configure
@@ -230,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}
         completion = pipe.generate(prompt, **sampling) if args.json else None
     if completion is not None:
-        sys.stdout.write(json.dumps(_json_result(completion, pipe), ensure_ascii=False) + "\n")
+        sys.stdout.write(json.dumps(_json_result(completion, pipe, policy.name), ensure_ascii=False) + "\n")
         sys.stdout.flush()
         return 0
     for chunk in pipe.stream(prompt, **sampling):

@@ -8,6 +8,7 @@ Example::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -17,16 +18,30 @@ from typing import Any
 from ..errors import InvalidRequestError
 from ..server import DEFAULT_WARMUP_TOKENS
 from ..server.config import (
-    DEFAULT_MAX_BODY_BYTES,
     ENGINES,
     LOG_LEVELS,
     STRATEGIES,
     ServerConfig,
+    env_name,
+    env_values,
     is_loopback_host,
+    misspelt_variables,
 )
 from ._args import add_model_options, non_negative_int, non_negative_number, positive_int, positive_number
 
-__all__ = ["API_KEY_ENV", "VLLM_OPTIONS", "add_arguments", "api_keys", "config_from_args", "engine_args", "main"]
+__all__ = [
+    "API_KEY_ENV",
+    "LOG_FORMAT",
+    "OTEL_ENV",
+    "VLLM_OPTIONS",
+    "add_arguments",
+    "api_keys",
+    "config_from_args",
+    "engine_args",
+    "main",
+    "otel_kind",
+    "uvicorn_log_config",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +49,11 @@ logger = logging.getLogger(__name__)
 _D = ServerConfig()
 #: Environment variable read when ``--api-key`` is not given.
 API_KEY_ENV = "SPECPREFILL_API_KEY"
+#: Environment variable read when ``--otel`` is not given (not a `ServerConfig` field: it builds providers).
+OTEL_ENV = "SPECPREFILL_OTEL"
+OTEL_KINDS = ("none", "console", "otlp")
+#: The format of every log line of the server, uvicorn's included.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def api_keys(given: list[str] | None, env: str | None) -> list[str]:
@@ -63,21 +83,27 @@ def api_keys(given: list[str] | None, env: str | None) -> list[str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``serve`` options to ``parser``."""
+    """Add the ``serve`` options to ``parser``.
+
+    Every option defaults to None ("not given"): `config_from_args` fills what the command line
+    leaves out from ``SPECPREFILL_*`` variables, then from `ServerConfig`'s defaults, which the help
+    texts show with the variable of each option.
+    """
+    first = len(parser._actions)
     add_model_options(
         parser,
         compile_help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the "
         "first long prompts compile, tens of seconds: see --warmup-tokens)",
     )
-    parser.add_argument("--policy", default=_D.policy, help=f"default policy preset (default: {_D.policy})")
-    parser.add_argument("--host", default=_D.host, help=f"address to bind (default: {_D.host})")
-    parser.add_argument("--port", type=non_negative_int, default=_D.port, help=f"port to bind (default: {_D.port})")
+    parser.add_argument("--policy", help=f"default policy preset (default: {_D.policy})")
+    parser.add_argument("--host", help=f"address to bind (default: {_D.host})")
+    parser.add_argument("--port", type=non_negative_int, help=f"port to bind (default: {_D.port})")
     parser.add_argument(
         "--api-key",
         action="append",
         default=None,
         help="require 'Authorization: Bearer KEY' on /v1 routes; repeat for several keys, each with its own "
-        f"conversations (default: ${API_KEY_ENV}, comma-separated)",
+        "conversations (default: none; the variable holds comma-separated keys)",
     )
     parser.add_argument(
         "--max-prompt-tokens",
@@ -101,7 +127,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-queue",
         type=non_negative_int,
-        default=_D.max_queue,
         help=f"requests allowed to wait; more get 429 (default: {_D.max_queue})",
     )
     parser.add_argument(
@@ -113,26 +138,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--session-ttl",
         type=positive_number,
-        default=_D.session_ttl,
         help=f"seconds a conversation kept on the server may stay idle before it expires (default: {_D.session_ttl:g})",
     )
     parser.add_argument(
         "--keepalive-interval",
         type=positive_number,
-        default=_D.keepalive_interval,
         help="seconds a stream may send nothing (scoring a long prompt) before an SSE keep-alive comment "
         f"(default: {_D.keepalive_interval:g})",
     )
     parser.add_argument(
         "--max-sessions",
         type=non_negative_int,
-        default=_D.max_sessions,
         help="conversations kept on the server at once; a new one evicts the least recently used idle one; "
         f"0 serves none (default: {_D.max_sessions})",
     )
     parser.add_argument(
         "--session-strategy",
-        default=_D.session_strategy,
+        choices=STRATEGIES,
         help="strategy of a conversation whose first request names none: recompute, incremental or refresh "
         f"(default: {_D.session_strategy})",
     )
@@ -164,23 +186,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scoring-wait-ms",
         type=non_negative_number,
-        default=_D.scoring_wait_ms,
         help="how long a scoring batch waits for more prompts while other requests run; a request alone never "
         f"waits (default: {_D.scoring_wait_ms:g})",
     )
-    parser.add_argument(
-        "--otel", choices=("none", "console", "otlp"), default="none", help="export traces and metrics (default: none)"
-    )
+    parser.add_argument("--otel", choices=OTEL_KINDS, help="export traces and metrics (default: none)")
     parser.add_argument(
         "--log-level",
-        default=_D.log_level,
         choices=LOG_LEVELS,
         help="server log level (default: info)",
     )
     parser.add_argument(
         "--engine",
         choices=ENGINES,
-        default=_D.engine,
         help="where the target runs: transformers (this process) or vllm (vLLM's engine: continuous batching, "
         "chunked prefill, prefix caching, CUDA graphs; needs the vllm extra and a GPU) (default: transformers)",
     )
@@ -200,6 +217,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="any other vLLM engine option (vllm.EngineArgs name; VALUE read as JSON, else as text), e.g. "
         "--engine-arg swap_space=8; repeatable",
     )
+    parser.set_defaults(
+        model=None, device=None, dtype=None, compile=None, metrics=None
+    )  # not given: environment, then config
+    for action in parser._actions[first:]:
+        variable = _variable(action.dest)
+        if variable and action.help:
+            action.help += f" [env: {variable}]"
+
+
+def _variable(dest: str) -> str | None:
+    """The environment variable behind the option stored in ``dest`` (vLLM's: keys of one JSON object)."""
+    if dest == "otel":
+        return OTEL_ENV
+    if dest == "api_key":
+        return API_KEY_ENV
+    if dest in _FIELDS:
+        return env_name(dest)
+    if dest == "engine_arg" or dest in _VLLM_DESTS:
+        key = "" if dest == "engine_arg" else f" key {_vllm_name(dest)}"
+        return env_name("engine_args") + key
+    return None
 
 
 def _fraction(text: str) -> float:
@@ -229,21 +267,30 @@ VLLM_OPTIONS: tuple[tuple[str, Any, str], ...] = (
 )
 
 
-def engine_args(args: argparse.Namespace) -> dict[str, Any]:
+_FIELDS = frozenset(f.name for f in dataclasses.fields(ServerConfig)) - {"api_keys", "engine_args"}
+_VLLM_DESTS = tuple(flag.lstrip("-").replace("-", "_") for flag, _kind, _text in VLLM_OPTIONS)
+
+
+def _vllm_name(dest: str) -> str:
+    return "enable_prefix_caching" if dest == "no_enable_prefix_caching" else dest
+
+
+def engine_args(args: argparse.Namespace, engine: str | None = None) -> dict[str, Any]:
     """The vLLM engine options among ``args`` (named options and ``--engine-arg`` pairs).
+
+    ``engine`` is the engine in effect (default: ``args.engine``, else the configuration's default).
 
     Raises:
         InvalidRequestError: an option without ``--engine vllm``, or a malformed ``--engine-arg``.
     """
     values: dict[str, Any] = {}
-    for flag, _kind, _text in VLLM_OPTIONS:
-        dest = flag.lstrip("-").replace("-", "_")
+    for dest in _VLLM_DESTS:
         value = getattr(args, dest, None)
         if value is None:
             continue
         if dest == "no_enable_prefix_caching":
-            dest, value = "enable_prefix_caching", False
-        values[dest] = value
+            value = False
+        values[_vllm_name(dest)] = value
     for item in getattr(args, "engine_arg", None) or []:
         name, sep, text = item.partition("=")
         name = name.strip().replace("-", "_")
@@ -255,7 +302,8 @@ def engine_args(args: argparse.Namespace) -> dict[str, Any]:
             values[name] = json.loads(text)
         except ValueError:
             values[name] = text
-    if values and args.engine != "vllm":
+    engine = engine or getattr(args, "engine", None) or _D.engine
+    if values and engine != "vllm":
         names = ", ".join("--" + k.replace("_", "-") for k in values)
         raise InvalidRequestError(f"{names}: vLLM engine options, which need --engine vllm", param="engine")
     return values
@@ -275,41 +323,67 @@ def _configure_telemetry(kind: str) -> tuple[Any, Any]:
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> ServerConfig:
-    """The `ServerConfig` that ``serve``'s options describe (API keys from ``environ`` when none is given).
+    """The `ServerConfig` that ``serve``'s options describe, the rest from ``SPECPREFILL_*`` variables.
+
+    The command line wins over the environment, the environment over `ServerConfig`'s defaults;
+    vLLM engine options merge key by key (``SPECPREFILL_ENGINE_ARGS`` under the command line's).
 
     Raises:
-        InvalidRequestError: a value the configuration refuses.
+        InvalidRequestError: a value the configuration refuses (naming the variable when it came
+            from the environment).
     """
     environ = os.environ if environ is None else environ
-    return ServerConfig(
-        model=args.model,
-        draft=args.draft,
-        policy=args.policy,
-        api_keys=tuple(api_keys(args.api_key, environ.get(API_KEY_ENV))),
-        max_prompt_tokens=args.max_prompt_tokens,
-        max_output_tokens=args.max_output_tokens,
-        max_concurrency=args.max_concurrency,
-        max_queue=args.max_queue,
-        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-        served_model_name=args.served_model_name,
-        device=args.device,
-        dtype=args.dtype,
-        keepalive_interval=args.keepalive_interval,
-        session_ttl=args.session_ttl,
-        max_sessions=args.max_sessions,
-        session_strategy=args.session_strategy,
-        compile=args.compile,
-        warmup_tokens=args.warmup_tokens,
-        metrics=args.metrics,
-        scoring_queue=args.scoring_queue,
-        scoring_batch_tokens=args.scoring_batch_tokens,
-        scoring_wait_ms=args.scoring_wait_ms,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        engine=args.engine,
-        engine_args=tuple(sorted(engine_args(args).items())),
-    )
+    from_env = env_values({k: v for k, v in environ.items() if k != API_KEY_ENV})
+    given = {name: getattr(args, name) for name in _FIELDS if getattr(args, name, None) is not None}
+    values = {**from_env, **given}
+    values["api_keys"] = tuple(api_keys(args.api_key, environ.get(API_KEY_ENV)))
+    engine = values.get("engine", _D.engine)
+    values["engine_args"] = {**dict(from_env.get("engine_args", {})), **engine_args(args, engine)}
+    try:
+        return ServerConfig(**values)
+    except InvalidRequestError as exc:
+        field = (exc.param or "").split(".", 1)[0]
+        if field in from_env and field not in given:
+            variable = env_name(field)
+            raise InvalidRequestError(f"{variable}: {exc.message}", param=variable) from None
+        raise
+
+
+def otel_kind(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str:
+    """``--otel``, else ``SPECPREFILL_OTEL``, else ``none``.
+
+    Raises:
+        InvalidRequestError: the variable names no exporter.
+    """
+    environ = os.environ if environ is None else environ
+    if args.otel is not None:
+        return str(args.otel)
+    kind = environ.get(OTEL_ENV, "none").strip().lower() or "none"
+    if kind not in OTEL_KINDS:
+        raise InvalidRequestError(f"{OTEL_ENV} must be one of {', '.join(OTEL_KINDS)}, got {kind!r}", param=OTEL_ENV)
+    return kind
+
+
+def uvicorn_log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration with the server's `LOG_FORMAT`, so that every line reads alike.
+
+    uvicorn installs its own formatters (``INFO:     127.0.0.1:5000 - "POST ..."``) unless given
+    one; its access lines keep their content (client, request line, status) in this format.
+    """
+    formatter = {"()": "logging.Formatter", "fmt": LOG_FORMAT}
+    handler = {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+    upper = level.upper()
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"default": formatter},
+        "handlers": {"default": handler},
+        "loggers": {
+            "uvicorn": {"handlers": ["default"], "level": upper, "propagate": False},
+            "uvicorn.error": {"level": upper},
+            "uvicorn.access": {"handlers": ["default"], "level": upper, "propagate": False},
+        },
+    }
 
 
 def main(args: argparse.Namespace) -> int:
@@ -318,14 +392,20 @@ def main(args: argparse.Namespace) -> int:
 
     from ..server.app import create_app
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.session_strategy not in STRATEGIES:
-        logger.error("--session-strategy must be one of %s, not %r", ", ".join(STRATEGIES), args.session_strategy)
-        return 2
     config = config_from_args(args)
-    tracer_provider, meter_provider = _configure_telemetry(args.otel)
+    logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
+    for name, closest in misspelt_variables(os.environ):
+        logger.warning("%s is not a setting: did you mean %s?", name, closest)
+    tracer_provider, meter_provider = _configure_telemetry(otel_kind(args))
     if not config.api_keys and not is_loopback_host(config.host):
         logger.warning("serving on %s without an API key: anyone who reaches this address can use it", config.host)
     app = create_app(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
-    uvicorn.run(app, host=config.host, port=config.port, log_level=config.log_level, timeout_graceful_shutdown=5)
+    uvicorn.run(
+        app,
+        host=config.host,
+        port=config.port,
+        log_level=config.log_level,
+        log_config=uvicorn_log_config(config.log_level),
+        timeout_graceful_shutdown=5,
+    )
     return 0

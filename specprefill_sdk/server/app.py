@@ -698,6 +698,7 @@ def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
             score_ms=completion.timings.score,
             prefill_ms=completion.timings.prefill,
             fallback=completion.fallback,
+            reason=completion.selection.reason if completion.selection is not None else None,
             conversation=conversation,
         ),
     )

@@ -14,8 +14,10 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,10 +34,16 @@ __all__ = [
     "ENGINES",
     "ENV_PREFIX",
     "LOG_LEVELS",
+    "OTHER_VARIABLES",
     "STRATEGIES",
     "ServerConfig",
+    "env_name",
+    "env_values",
     "is_loopback_host",
+    "misspelt_variables",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Largest request body accepted (413 above it): ample for prompts at any context we serve.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -52,6 +60,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 STRATEGIES = ("recompute", "incremental", "refresh")
 #: Where the target runs: in this process with transformers, or in vLLM's engine.
 ENGINES = ("transformers", "vllm")
+#: The project's other ``SPECPREFILL_*`` variables (not `ServerConfig` fields), and who reads each.
+OTHER_VARIABLES: dict[str, str] = {
+    "SPECPREFILL_CACHE": "models.cache_dir: where converted models live",
+    "SPECPREFILL_VLLM_PLUGIN": "backends.vllm.plugin: which architectures the vLLM plugin registers",
+    "SPECPREFILL_OTEL": "specprefill serve --otel",
+    "SPECPREFILL_API_BASE": "the litellm proxy example's configuration",
+}
 #: ``max_concurrency`` when none is given, per engine: the transformers backend decodes one request
 #: at a time, vLLM batches as many requests as its scheduler admits (its own ``max_num_seqs``).
 DEFAULT_CONCURRENCY = {"transformers": 1, "vllm": 256}
@@ -241,14 +256,9 @@ class ServerConfig:
         Raises:
             InvalidRequestError: a value that does not read as its field's type, or a bad value.
         """
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            name = prefix + ("API_KEY" if f.name == "api_keys" else f.name.upper())
-            if name in environ:
-                values[f.name] = _from_text(environ[name], str(f.type), name)
-                if f.name == "api_keys" and not values[f.name]:
-                    raise InvalidRequestError(f"{name} is set but holds no key: {_NO_KEY}", param=name)
-        return cls(**values)
+        for name, closest in misspelt_variables(environ, prefix=prefix):
+            logger.warning("%s is not a setting: did you mean %s?", name, closest)
+        return cls(**env_values(environ, prefix=prefix))
 
     @property
     def engine_options(self) -> dict[str, Any]:
@@ -269,6 +279,47 @@ class ServerConfig:
 
 
 _NO_KEY = "give a key, or unset the variable to serve without authentication"
+
+
+def env_name(field: str, prefix: str = ENV_PREFIX) -> str:
+    """The variable of a `ServerConfig` field: ``SPECPREFILL_MAX_QUEUE``; ``api_keys`` is ``SPECPREFILL_API_KEY``."""
+    return prefix + ("API_KEY" if field == "api_keys" else field.upper())
+
+
+def env_values(environ: Mapping[str, str], *, prefix: str = ENV_PREFIX) -> dict[str, Any]:
+    """The `ServerConfig` fields that ``SPECPREFILL_<FIELD>`` variables set, read as their types (not yet checked).
+
+    Raises:
+        InvalidRequestError: a value that does not read as its field's type, naming the variable.
+    """
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(ServerConfig):
+        name = env_name(f.name, prefix)
+        if name in environ:
+            values[f.name] = _from_text(environ[name], str(f.type), name)
+            if f.name == "api_keys" and not values[f.name]:
+                raise InvalidRequestError(f"{name} is set but holds no key: {_NO_KEY}", param=name)
+    return values
+
+
+def misspelt_variables(environ: Mapping[str, str], *, prefix: str = ENV_PREFIX) -> list[tuple[str, str]]:
+    """``(variable, closest valid name)`` for each unknown ``SPECPREFILL_*`` variable that looks like a typo.
+
+    Valid names are the fields' variables and `OTHER_VARIABLES`. An unknown name close to none of
+    them (a deployment's own variable) is left alone.
+    """
+    valid = [env_name(f.name, prefix) for f in dataclasses.fields(ServerConfig)]
+    if prefix == ENV_PREFIX:
+        valid += list(OTHER_VARIABLES)
+    # Compared without the prefix, which every name shares and which would make any two look alike.
+    rest = {name[len(prefix) :]: name for name in valid}
+    out = []
+    for name in sorted(environ):
+        if name.startswith(prefix) and name not in valid:
+            close = difflib.get_close_matches(name[len(prefix) :], list(rest), n=1, cutoff=0.75)
+            if close:
+                out.append((name, rest[close[0]]))
+    return out
 
 
 def is_loopback_host(host: str) -> bool:

@@ -34,6 +34,7 @@ from ..pipeline import Pipeline
 from ..policies import Policy, build_pipeline, list_policies, load_policy
 from ..prompt import PromptInput
 from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, REQUEST_CANCEL, QueuedScorer, ScoringQueue
+from ..selection import DenseBelow
 from ..types import (
     Completion,
     CompletionChunk,
@@ -375,10 +376,13 @@ class ServingEngine:
         limit = min(tokens, self.max_context - 2, self.max_prompt_tokens or tokens)
         try:
             served = self.pipeline_for(None)
+            selector = served.selector
+            if isinstance(selector, DenseBelow):  # a warm-up shorter than the threshold still runs the draft
+                selector = selector.inner
             # the same scorer, selector and backend, without telemetry: the warm-up is no request
             pipeline = Pipeline(
                 served.scorer,
-                served.selector,
+                selector,
                 self.backend,
                 tracer_provider=trace.NoOpTracerProvider(),
                 meter_provider=metrics.NoOpMeterProvider(),

@@ -246,6 +246,7 @@ class SpecPrefillUsage(BaseModel):
     score_ms: float = Field(description="Draft scoring time in milliseconds (0 when no scoring ran).")
     prefill_ms: float = Field(description="Target prefill time in milliseconds.")
     fallback: str | None = Field(None, description="Why the request fell back to dense prefill, or null.")
+    reason: str | None = Field(None, description="How the kept tokens were chosen, e.g. 'dense below 256 tokens'.")
     conversation: ConversationUsage | None = Field(
         None, description="For a conversation kept on the server: its id and what this turn did."
     )

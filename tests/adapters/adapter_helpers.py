@@ -88,3 +88,10 @@ def is_subsequence(text: str, original: str) -> bool:
     """True when the characters of ``text`` occur in ``original`` in the same order."""
     it = iter(original)
     return all(ch in it for ch in text)
+
+
+#: A chat of about 50 tokens: the kind of prompt the presets prefill whole.
+SHORT_CHAT = (
+    ("system", "You are a helpful assistant. Answer in one short sentence."),
+    ("user", "What is the capital of France, and which river runs through it?"),
+)

@@ -15,10 +15,13 @@ if str(ADAPTERS) not in sys.path:
 
 @pytest.fixture(scope="session")
 def paper_pipeline(smollm):
-    """The paper's method with a 30% keep rate: compresses every prompt long enough to have chunks."""
+    """The paper's method with a 30% keep rate: compresses every prompt long enough to have chunks.
+
+    ``dense_below_tokens=0`` asks for compression of short prompts too (the presets prefill them whole).
+    """
     from specprefill_sdk.policies import load_pipeline
 
-    return load_pipeline("paper", model=smollm, keep_rate=0.3)
+    return load_pipeline("paper", model=smollm, keep_rate=0.3, dense_below_tokens=0)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("langchain_core")
 
-from adapter_helpers import GAP, MODEL_SETTINGS, assert_pieces_of, hash_embedding
+from adapter_helpers import GAP, MODEL_SETTINGS, SHORT_CHAT, assert_pieces_of, hash_embedding
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -64,6 +64,19 @@ def test_chat_model_reports_the_compression(paper_pipeline, essay) -> None:
     assert info["kept_tokens"] < info["prompt_tokens"] == reply.usage_metadata["input_tokens"]
     assert 0 < info["keep_ratio"] < 0.6
     assert reply.usage_metadata["output_tokens"] <= 8
+
+
+@pytest.mark.slow
+def test_the_default_chat_model_prefills_a_short_chat_whole_and_compresses_a_long_one(essay) -> None:
+    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+
+    chat = ChatSpecPrefill(**MODEL_SETTINGS, max_tokens=4)  # the default policy, as users get it
+    info = chat.invoke(list(SHORT_CHAT)).response_metadata["specprefill"]
+    assert 32 < info["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS
+    assert info["kept_tokens"] == info["prompt_tokens"] and info["score_ms"] == 0
+    assert info["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens"
+    long = chat.invoke([("human", essay[:2000] + "\nWhat is the text about?")]).response_metadata["specprefill"]
+    assert long["prompt_tokens"] > DEFAULT_DENSE_BELOW_TOKENS and long["kept_tokens"] < 0.3 * long["prompt_tokens"]
 
 
 @pytest.mark.slow

@@ -14,9 +14,9 @@ from langchain_tests.unit_tests import ChatModelUnitTests
 
 from specprefill_langchain import ChatSpecPrefill
 
-#: The adaptive policy prefills these short test prompts whole (no draft run), which keeps the suite
-#: fast on CPU; compression itself is asserted in test_adapter_langchain.py.
-PARAMS: dict[str, Any] = {**MODEL_SETTINGS, "policy": "adaptive"}
+#: The default policy, as users get it: it prefills these short test prompts whole (no draft run),
+#: which keeps the suite fast on CPU; compression itself is asserted in test_adapter_langchain.py.
+PARAMS: dict[str, Any] = dict(MODEL_SETTINGS)
 
 
 class TestChatSpecPrefillUnit(ChatModelUnitTests):

@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("litellm")
 
 import litellm
-from adapter_helpers import GAP, assert_pieces_of
+from adapter_helpers import GAP, SHORT_CHAT, assert_pieces_of
 from litellm.integrations.custom_logger import CustomLogger
 from litellm.types.utils import CallTypes
 
@@ -80,6 +80,21 @@ async def test_text_mode_shortens_messages_and_keeps_their_fields(paper_pipeline
     before = [dict(m) for m in got]
     again = await handler.async_pre_call_deployment_hook(out, None)  # the marker: not compressed twice
     assert again is not None and again["messages"] == before
+
+
+@pytest.mark.slow
+async def test_text_mode_by_default_leaves_a_short_chat_whole_and_shortens_a_long_one(essay) -> None:
+    handler = SpecPrefillCallback(model="smollm2-135m")  # the default policy, as users get it
+    messages = [{"role": role, "content": text} for role, text in SHORT_CHAT]
+    out = await handler.async_pre_call_hook(None, None, {"model": "gpt-4o-mini", "messages": messages}, "acompletion")
+    stats = out["metadata"]["specprefill"]
+    assert out["messages"] == messages and stats["kept_tokens"] == stats["prompt_tokens"] > 32
+    long = [{"role": "user", "content": essay[:2000] + "\n" + QUESTION}]
+    out = await handler.async_pre_call_hook(None, None, {"model": "gpt-4o-mini", "messages": long}, "acompletion")
+    stats = out["metadata"]["specprefill"]
+    assert stats["kept_tokens"] < 0.3 * stats["prompt_tokens"] and len(out["messages"][0]["content"]) < len(
+        essay[:2000]
+    )
 
 
 @pytest.mark.slow

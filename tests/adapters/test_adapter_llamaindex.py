@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("llama_index.core")
 
-from adapter_helpers import GAP, assert_pieces_of, hash_embedding
+from adapter_helpers import GAP, SHORT_CHAT, assert_pieces_of, hash_embedding
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import ChatMessage, MessageRole
@@ -136,6 +136,19 @@ async def test_llm_complete_chat_stream_and_async_agree(dense_pipeline) -> None:
     assert (await llm.achat(messages)).message.content == reply.message.content
     gen = await llm.astream_chat(messages)
     assert [c.delta async for c in gen][-1] is not None
+
+
+@pytest.mark.slow
+def test_the_default_llm_prefills_a_short_chat_whole_and_compresses_a_long_one(essay) -> None:
+    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+
+    llm = SpecPrefillLLM(model="smollm2-135m", max_tokens=4)  # the default policy, as users get it
+    reply = llm.chat([ChatMessage(role=role, content=text) for role, text in SHORT_CHAT])
+    info = reply.additional_kwargs["specprefill"]
+    assert 32 < info["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS and info["kept_tokens"] == info["prompt_tokens"]
+    assert info["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens"
+    long = llm.complete(essay[:2000] + "\nWhat is the text about?").additional_kwargs["specprefill"]
+    assert long["prompt_tokens"] > DEFAULT_DENSE_BELOW_TOKENS and long["kept_tokens"] < 0.3 * long["prompt_tokens"]
 
 
 @pytest.mark.slow
