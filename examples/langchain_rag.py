@@ -59,8 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Chunks of 16 tokens (the paper uses 32 for long prompts) suit short documents; a retriever's
     # passages are often shorter than the policies' dense threshold, so shorten them whatever their length.
-    overrides = {"chunk_size": 16, "dense_below_tokens": 0}
-    options = {"model": args.model, "policy_overrides": overrides, "gap": " … "}
+    options = {"model": args.model, "chunk_size": 16, "dense_below_tokens": 0, "gap": " … "}
     if args.shared_budget:
         compressor = SpecPrefillDocumentCompressor(**options, token_budget=args.shared_budget, shared_budget=True)
     else:

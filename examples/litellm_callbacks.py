@@ -13,7 +13,6 @@ from specprefill_litellm import SpecPrefillCallback
 handler = SpecPrefillCallback(
     model="smollm2-135m",  # the draft that scores text-mode prompts (loaded on the first one)
     policy="paper",
-    keep_rate=0.3,
+    keep_rate=0.3,  # text mode keeps 30%, and so does the server for `smollm2` (its `specprefill` object)
     server_models=["smollm2"],
-    options={"keep_rate": 0.3},  # the `specprefill` object sent to the server
 )

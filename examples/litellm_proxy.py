@@ -5,7 +5,10 @@ Needs ``pip install "specprefill-sdk[server,litellm]" "litellm[proxy]" openai``.
 ``specprefill`` extension (exact positions); ``smollm2-text`` is shortened by the proxy (text mode),
 as any OpenAI-compatible endpoint would be.
 
-    python examples/litellm_proxy.py [--max-tokens 16] [--json]
+    python examples/litellm_proxy.py [--max-tokens 16] [--json] [--stream]
+
+Each answer shows the usage (``usage.specprefill``: what the server prefilled) and, in text mode,
+the proxy's ``x-specprefill-*`` response headers (what the callback kept).
 """
 
 from __future__ import annotations
@@ -72,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--logs", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")), help="log folder")
     parser.add_argument("--json", action="store_true", help="print one JSON object per answer")
+    parser.add_argument("--stream", action="store_true", help="also ask each model with a streamed request")
+    parser.add_argument("--config", type=Path, default=HERE / "litellm_config.yaml", help="the proxy's config")
     args = parser.parse_args(argv)
 
     server_port, proxy_port = free_port(), free_port()
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "-c",
         _PROXY,
         "--config",
-        str(HERE / "litellm_config.yaml"),
+        str(args.config),
         "--host",
         "127.0.0.1",
         "--port",
@@ -109,18 +114,43 @@ def main(argv: list[str] | None = None) -> int:
         )
         client = OpenAI(base_url=f"http://127.0.0.1:{proxy_port}/v1", api_key=key, timeout=600)
         for model in ("smollm2", "smollm2-text"):
-            reply = client.chat.completions.create(model=model, messages=messages, max_tokens=args.max_tokens)  # type: ignore[arg-type]
-            usage = reply.usage.model_dump() if reply.usage else {}
-            answer = reply.choices[0].message.content or ""
+            raw = client.chat.completions.with_raw_response.create(
+                model=model,
+                messages=messages,  # type: ignore[arg-type]
+                max_tokens=args.max_tokens,
+            )
+            reply = raw.parse()
+            record = {
+                "model": model,
+                "answer": reply.choices[0].message.content or "",
+                "usage": reply.usage.model_dump() if reply.usage else {},
+                "headers": {k: v for k, v in raw.headers.items() if k.startswith("x-specprefill-")},
+            }
+            if args.stream:
+                pieces, usage = [], {}
+                stream = client.chat.completions.create(
+                    model=model,
+                    messages=messages,  # type: ignore[arg-type]
+                    max_tokens=args.max_tokens,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+                for chunk in stream:
+                    pieces.extend(c.delta.content or "" for c in chunk.choices)
+                    if chunk.usage is not None:
+                        usage = chunk.usage.model_dump()
+                record["stream_answer"], record["stream_usage"] = "".join(pieces), usage
             if args.json:
-                print(json.dumps({"model": model, "answer": answer, "usage": usage}))
+                print(json.dumps(record))
                 continue
-            extension = usage.get("specprefill") or {}
-            print(f"{model}: {answer.strip()!r}")
+            extension = record["usage"].get("specprefill") or {}
+            print(f"{model}: {record['answer'].strip()!r}")
             print(
-                f"    the server read {usage.get('prompt_tokens')} prompt tokens "
+                f"    the server read {record['usage'].get('prompt_tokens')} prompt tokens "
                 f"and prefilled {extension.get('kept_tokens')} of them"
             )
+            if record["headers"]:
+                print(f"    the proxy kept {record['headers'].get('x-specprefill-kept-tokens')} tokens in text mode")
     return 0
 
 

@@ -45,9 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = index.as_query_engine(
         llm=llm,
         node_postprocessors=[  # chunks of 16 tokens (the paper uses 32 for long prompts) suit short nodes
-            SpecPrefillNodePostprocessor(
-                model=args.model, keep_rate=args.keep, policy_overrides={"chunk_size": 16}, gap=" … "
-            )
+            SpecPrefillNodePostprocessor(model=args.model, keep_rate=args.keep, chunk_size=16, gap=" … ")
         ],
     )
     response = engine.query(QUESTION)

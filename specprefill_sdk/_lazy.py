@@ -13,11 +13,12 @@ that the two agree.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["lazy_exports"]
+__all__ = ["lazy_exports", "require_extra"]
 
 
 def lazy_exports(
@@ -50,3 +51,23 @@ def lazy_exports(
         return list(public)
 
     return __getattr__, __dir__, public
+
+
+def require_extra(package: str, extra: str, modules: Sequence[str]) -> None:
+    """Refuse to import ``package`` without its extra's ``modules``, naming the install command.
+
+    Only looks the modules up (nothing is imported), so the package's import stays cheap.
+
+    Raises:
+        ModuleNotFoundError: a module is missing; the message says ``pip install 'specprefill-sdk[EXTRA]'``.
+    """
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):  # a parent package that is missing, or a broken entry
+            found = False
+        if not found:
+            raise ModuleNotFoundError(
+                f"{package} needs {name}, which is not installed: pip install 'specprefill-sdk[{extra}]'",
+                name=name,
+            )

@@ -29,17 +29,28 @@ from .errors import ContextTooLongError, InvalidRequestError
 from .prompt import normalize_messages
 from .rendering import content_tokens, render_kept, render_tokens
 from .types import CompressedPrompt, Message, Prompt, TokenScores
+from .validation import check_int
 
 if TYPE_CHECKING:
     from .interfaces import Selector
     from .pipeline import Pipeline
 
-__all__ = ["CompressedMessages", "CompressedText", "compress_documents", "compress_messages", "render_kept"]
+__all__ = [
+    "DEFAULT_WHOLE_BELOW",
+    "CompressedMessages",
+    "CompressedText",
+    "compress_documents",
+    "compress_messages",
+    "render_kept",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Put between the documents (shared budget) and between the last document and the query.
 DOCUMENT_SEPARATOR = "\n\n"
+#: The framework components' ``whole_below_tokens``: under 128 tokens a selector's 32-token chunk is
+#: a quarter of the text, too coarse to keep an answer reliably, and compressing saves little.
+DEFAULT_WHOLE_BELOW = 128
 
 
 @dataclass(frozen=True)
@@ -230,6 +241,7 @@ def compress_documents(
     *,
     shared_budget: bool = False,
     selector: Selector | None = None,
+    whole_below_tokens: int = 0,
     gap: str = " ",
 ) -> list[CompressedText]:
     """Compress each document against ``query``; one `CompressedText` per document, in order.
@@ -241,6 +253,8 @@ def compress_documents(
         shared_budget: score all documents in one prompt and select across them under one budget
             (the prompt must fit the model's context); otherwise each document on its own.
         selector: overrides the pipeline's selector (e.g. ``TokenBudget(300)`` for a fixed budget).
+        whole_below_tokens: a document with fewer tokens than this is kept whole (with
+            ``shared_budget``: all of them, when together they have fewer); 0: none is.
         gap: put where text was dropped (see `render_kept`).
 
     Raises:
@@ -257,6 +271,7 @@ def compress_documents(
         raise InvalidRequestError("documents must be a list of strings", param="documents")
     if not isinstance(query, str):
         raise InvalidRequestError("the query must be a string", param="query")
+    check_int(whole_below_tokens, "whole_below_tokens", param="whole_below_tokens", minimum=0)
     select_with = selector if selector is not None else pipeline.selector
     todo = [i for i, d in enumerate(documents) if d.strip()]
     results: list[CompressedText] = [CompressedText.unchanged(d) for d in documents]
@@ -273,6 +288,15 @@ def compress_documents(
             )
     # What the selector sees of each prompt: its documents' tokens only, as plain text.
     regions = [[t for _, _, idx in loc.regions for t in idx] for loc in located]
+    short = [k for k, tokens in enumerate(regions) if len(tokens) < whole_below_tokens]
+    for k in short:
+        for i, (_, _, idx) in zip(groups[k], located[k].regions, strict=True):
+            results[i] = CompressedText.unchanged(documents[i], len(idx))
+    if short:
+        rest = [k for k in range(len(groups)) if k not in set(short)]
+        groups, located, regions = [groups[k] for k in rest], [located[k] for k in rest], [regions[k] for k in rest]
+        if not groups:
+            return results
     subs = [loc.prompt.take(tokens, as_text=True) for loc, tokens in zip(located, regions, strict=True)]
     scorer = pipeline.scorer
 

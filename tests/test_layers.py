@@ -40,6 +40,7 @@ LAYERS: dict[str, str] = {
     "eval": "entry",
     **dict.fromkeys(ADAPTERS, "entry"),
     # drivers: build or drive pipelines
+    "components": "drivers",
     "conversation": "drivers",
     "policies": "drivers",
     "textmode": "drivers",

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, UsageMetadata
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, InputTokenDetails, UsageMetadata
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from pydantic import ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from specprefill_sdk.components import RemoteFields
 from specprefill_sdk.errors import InvalidRequestError
-from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.types import Completion, SamplingParams
 
 from ._messages import to_sdk_messages
@@ -28,7 +27,14 @@ _CALL_KEYS = frozenset({"max_tokens", "temperature", "top_p", "seed", "stop", "m
 
 def _usage(completion: Completion) -> UsageMetadata:
     u = completion.usage
-    return UsageMetadata(input_tokens=u.prompt_tokens, output_tokens=u.completion_tokens, total_tokens=u.total_tokens)
+    # InputTokenDetails documents extra provider-specific keys; the kept count is ours.
+    details = cast(InputTokenDetails, {"specprefill_kept": u.kept_tokens})
+    return UsageMetadata(
+        input_tokens=u.prompt_tokens,
+        output_tokens=u.completion_tokens,
+        total_tokens=u.total_tokens,
+        input_token_details=details,
+    )
 
 
 def _specprefill_info(completion: Completion) -> dict[str, Any]:
@@ -45,13 +51,16 @@ def _specprefill_info(completion: Completion) -> dict[str, Any]:
     }
 
 
-class ChatSpecPrefill(BaseChatModel):
+class ChatSpecPrefill(RemoteFields, BaseChatModel):
     """A chat model whose prompts are prefilled sparsely: a draft model picks the tokens that matter.
 
     Runs a `Pipeline`: give one (``pipeline=``), or a policy and a model, in process
     (``model="smollm2-135m"``) or against an OpenAI-compatible server (``base_url=``, e.g. a
     ``specprefill serve``); the draft model always runs here. Streaming and async are native.
-    ``response_metadata["specprefill"]`` reports the kept and original prompt tokens.
+    ``response_metadata["specprefill"]`` reports the kept and original prompt tokens, and
+    ``usage_metadata["input_token_details"]["specprefill_kept"]`` the kept ones. The fields are those
+    of every SpecPrefill component (`specprefill_sdk.components`): ``keep_rate=0.3`` and the other
+    policy overrides are fields; an unknown name is refused.
 
     Example::
 
@@ -64,24 +73,10 @@ class ChatSpecPrefill(BaseChatModel):
 
     model_config = ConfigDict(populate_by_name=True, arbitrary_types_allowed=True)
 
-    pipeline: Any = Field(default=None, exclude=True)
-    """A ready `specprefill_sdk.Pipeline`; when set, the model/policy fields only name things."""
+    # pipeline, draft, device, dtype, policy, keep_rate and the other policy fields, base_url,
+    # api_key, backend_mode: the fields every SpecPrefill component shares (`RemoteFields`).
     model_name: str = Field(default="smollm2-135m", alias="model")
     """The target model: a model spec in process, the server's model id with ``base_url``."""
-    policy: str = "paper"
-    """The policy preset (``specprefill policies`` lists them) or a ``.toml`` path."""
-    policy_overrides: dict[str, Any] = Field(default_factory=dict)
-    """Policy fields to change, e.g. ``{"keep_rate": 0.2}``."""
-    draft: str | None = None
-    """The draft model spec; default: the target itself (in process) or ``model`` (with ``base_url``)."""
-    base_url: str | None = None
-    """An OpenAI-compatible endpoint (``http://host:port/v1``) that serves the target."""
-    api_key: SecretStr | None = None
-    """The key for ``base_url``."""
-    backend_mode: Literal["auto", "positions", "text"] = "auto"
-    """How a remote target receives the compressed prompt (exact positions, or text)."""
-    device: str = "auto"
-    dtype: str = "auto"
     temperature: float = 0.0
     max_tokens: int | None = 256
     top_p: float = 1.0
@@ -93,8 +88,6 @@ class ChatSpecPrefill(BaseChatModel):
     """Accepted for compatibility with other chat models; requests use the backend's timeout."""
     max_retries: int = 2
     """Accepted for compatibility; the HTTP backend retries on its own."""
-
-    _resolved: Pipeline | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _name_from_pipeline(self) -> ChatSpecPrefill:
@@ -111,7 +104,7 @@ class ChatSpecPrefill(BaseChatModel):
         return {
             "model_name": self.model_name,
             "policy": self.policy,
-            "policy_overrides": self.policy_overrides,
+            "policy_overrides": self.overrides(),
             "base_url": self.base_url,
             "draft": self.draft,
         }
@@ -131,22 +124,32 @@ class ChatSpecPrefill(BaseChatModel):
         return params
 
     # ------------------------------------------------------------------ plumbing
-    def get_pipeline(self) -> Pipeline:
-        """The pipeline this model runs (built on first use when none was given)."""
-        if self._resolved is None:
-            self._resolved = resolve_pipeline(
-                self.pipeline,
-                policy=self.policy,
-                model=self.model_name,
-                draft=self.draft,
-                base_url=self.base_url,
-                api_key=self.api_key.get_secret_value() if self.api_key else None,
-                mode=self.backend_mode,
-                device=self.device,
-                dtype=self.dtype,
-                overrides=self.policy_overrides,
-            )
-        return self._resolved
+    @classmethod
+    def own_field_names(cls) -> list[str]:
+        return ["temperature", "max_tokens", "top_p", "seed", "stop", "streaming", "timeout", "max_retries"]
+
+    @classmethod
+    def _names_pipeline(cls, field: str) -> bool:
+        return field in ("model", "model_name")  # a chat model's name, also with a ready pipeline
+
+    def target_model(self) -> str:
+        return self.model_name
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The ids of ``text`` in the target's tokenizer (what ``get_num_tokens`` counts)."""
+        if self.custom_get_token_ids is not None:
+            return self.custom_get_token_ids(text)
+        return list(self.get_pipeline().backend.tokenizer.encode(text, add_special_tokens=False))
+
+    def get_num_tokens_from_messages(self, messages: list[BaseMessage], tools: Sequence[Any] | None = None) -> int:
+        """The prompt tokens of ``messages`` as this model reads them: its chat template applied.
+
+        Raises:
+            InvalidRequestError: ``tools`` given (this model does not call tools), or non-text content.
+        """
+        if tools:
+            raise InvalidRequestError("this chat model does not take tools", param="tools")
+        return self.get_pipeline().prompt(to_sdk_messages(messages)).n
 
     def _params(self, stop: list[str] | None, kwargs: dict[str, Any]) -> SamplingParams:
         unknown = sorted(k for k in kwargs if k not in _CALL_KEYS and not k.startswith("ls_"))

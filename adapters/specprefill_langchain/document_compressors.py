@@ -5,23 +5,20 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field
 
-from specprefill_sdk.interfaces import Selector
-from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
-from specprefill_sdk.textmode import CompressedText, compress_documents
+from specprefill_sdk.components import PipelineFields
+from specprefill_sdk.textmode import DEFAULT_WHOLE_BELOW, CompressedText, compress_documents
 
 __all__ = ["SpecPrefillDocumentCompressor"]
 
 logger = logging.getLogger(__name__)
 
 
-class SpecPrefillDocumentCompressor(BaseDocumentCompressor):
+class SpecPrefillDocumentCompressor(PipelineFields, BaseDocumentCompressor):
     """Keep the parts of each document that a draft model attends to while it reads the query.
 
     Each document is scored in a prompt holding the document and then the query; the policy's
@@ -29,6 +26,7 @@ class SpecPrefillDocumentCompressor(BaseDocumentCompressor):
     ``page_content``. Documents stay separate, in order, with their ``id`` and metadata; the
     metadata gains ``specprefill_keep_ratio`` (and the token counts). ``shared_budget=True`` scores
     all documents in one prompt under one budget, so relevant documents keep more than others.
+    Documents under ``whole_below_tokens`` tokens are kept whole.
 
     Example::
 
@@ -42,42 +40,23 @@ class SpecPrefillDocumentCompressor(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    pipeline: Any = Field(default=None, exclude=True)
-    """A ready `specprefill_sdk.Pipeline` (scorer and selector are used; nothing is generated)."""
+    # pipeline, draft, device, dtype, policy, keep_rate, token_budget and the other policy fields:
+    # the fields every SpecPrefill component shares (`PipelineFields`). ``keep_rate`` and
+    # ``token_budget`` apply to each document (to all of them with ``shared_budget``).
     model: str = "smollm2-135m"
     """The model whose tokenizer and draft score the documents (when no pipeline is given)."""
-    policy: str = "paper"
-    policy_overrides: dict[str, Any] = Field(default_factory=dict)
-    keep_rate: float | None = None
-    """Keep this share of each document's tokens (of all of them with ``shared_budget``)."""
-    token_budget: int | None = None
-    """Keep this many tokens per document (in all with ``shared_budget``) instead of a rate."""
     shared_budget: bool = False
     """Score all documents in one prompt and select across them under one budget."""
+    whole_below_tokens: int = Field(default=DEFAULT_WHOLE_BELOW, ge=0)
+    """Documents with fewer tokens than this are kept whole: a short chunk is often all answer."""
     gap: str = " "
     """Put where text was dropped; whitespace is added only between words that would touch."""
     metadata_prefix: str = "specprefill_"
     """Prefix of the metadata keys added to each document (``keep_ratio``, ``tokens``, ``kept_tokens``)."""
 
-    _resolved: Pipeline | None = PrivateAttr(default=None)
-    _selector: Selector | None = PrivateAttr(default=None)
-
-    def get_pipeline(self) -> Pipeline:
-        """The pipeline that scores documents (built on first use when none was given)."""
-        if self._resolved is None:
-            self._resolved = resolve_pipeline(
-                self.pipeline, policy=self.policy, model=self.model, overrides=self.policy_overrides
-            )
-        return self._resolved
-
-    def _selector_for(self, pipeline: Pipeline) -> Selector | None:
-        if self._selector is None:
-            from specprefill_sdk.policies import override_selector
-
-            self._selector = override_selector(
-                self.policy, self.policy_overrides, keep_rate=self.keep_rate, token_budget=self.token_budget
-            )
-        return self._selector
+    @classmethod
+    def own_field_names(cls) -> list[str]:
+        return ["shared_budget", "whole_below_tokens", "gap", "metadata_prefix"]
 
     def _document(self, doc: Document, result: CompressedText) -> Document:
         p = self.metadata_prefix
@@ -103,7 +82,7 @@ class SpecPrefillDocumentCompressor(BaseDocumentCompressor):
             [d.page_content for d in documents],
             query,
             shared_budget=self.shared_budget,
-            selector=self._selector_for(pipeline),
+            whole_below_tokens=self.whole_below_tokens,
             gap=self.gap,
         )
         out = [self._document(d, r) for d, r in zip(documents, results, strict=True)]

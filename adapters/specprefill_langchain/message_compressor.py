@@ -8,17 +8,16 @@ from typing import Any
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict
 
-from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
+from specprefill_sdk.components import PipelineFields
 
 from ._messages import as_messages, compress_langchain_messages
 
 __all__ = ["SpecPrefillMessageCompressor"]
 
 
-class SpecPrefillMessageCompressor(RunnableSerializable[LanguageModelInput, list[BaseMessage]]):
+class SpecPrefillMessageCompressor(PipelineFields, RunnableSerializable[LanguageModelInput, list[BaseMessage]]):
     """Shorten the messages of a prompt before a chat model reads them; put it in front of any model.
 
     The pipeline's draft model scores the conversation and its selector keeps tokens (the policy's
@@ -35,24 +34,17 @@ class SpecPrefillMessageCompressor(RunnableSerializable[LanguageModelInput, list
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    pipeline: Any = Field(default=None, exclude=True)
-    """A ready `specprefill_sdk.Pipeline` (scorer and selector are used; nothing is generated)."""
+    # pipeline, draft, device, dtype, policy, keep_rate and the other policy fields: the fields
+    # every SpecPrefill component shares (`PipelineFields`).
     model: str = "smollm2-135m"
-    policy: str = "paper"
-    policy_overrides: dict[str, Any] = Field(default_factory=dict)
+    """The model whose tokenizer and draft score the messages (when no pipeline is given)."""
     roles: list[str] | None = None
     """Compress only messages with these roles (``user``, ``assistant``, ``system``, ``tool``); None: all."""
     gap: str = " "
 
-    _resolved: Pipeline | None = PrivateAttr(default=None)
-
-    def get_pipeline(self) -> Pipeline:
-        """The pipeline that scores the messages (built on first use when none was given)."""
-        if self._resolved is None:
-            self._resolved = resolve_pipeline(
-                self.pipeline, policy=self.policy, model=self.model, overrides=self.policy_overrides
-            )
-        return self._resolved
+    @classmethod
+    def own_field_names(cls) -> list[str]:
+        return ["roles", "gap"]
 
     def _compress(self, value: LanguageModelInput) -> list[BaseMessage]:
         messages = as_messages(value)

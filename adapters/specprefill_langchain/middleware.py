@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, cast
 
-from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+try:
+    from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
+except ModuleNotFoundError as exc:  # langchain-core alone has no agents
+    raise ModuleNotFoundError(
+        f"SpecPrefillMiddleware needs langchain 1.x ({exc.name} is missing): pip install 'specprefill-sdk[langchain]'",
+        name=exc.name,
+    ) from exc
 from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, SystemMessage
 
+from specprefill_sdk.components import PipelineSettings
 from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
 
 from ._messages import compress_langchain_messages
 
@@ -42,36 +48,37 @@ class SpecPrefillMiddleware(AgentMiddleware[Any, Any, Any]):
         self,
         pipeline: Pipeline | None = None,
         *,
-        model: str = "smollm2-135m",
-        policy: str = "paper",
         roles: Collection[str] | None = None,
         compress_system: bool = False,
         gap: str = " ",
-        **policy_overrides: Any,
+        **settings: Any,
     ) -> None:
         """Args:
         pipeline: a ready pipeline; otherwise ``policy`` over ``model`` (built on first use).
         roles: compress only messages with these roles (``user``, ``assistant``, ``tool``); None: all.
         compress_system: also compress the system message.
         gap: put where text was dropped.
-        policy_overrides: policy fields, e.g. ``keep_rate=0.3``.
+        settings: the fields every SpecPrefill component shares (`specprefill_sdk.components`):
+            ``model``, ``draft``, ``device``, ``dtype``, ``policy``, ``keep_rate`` and the other
+            policy overrides, ``policy_overrides``.
+
+        Raises:
+            InvalidRequestError: an unknown name (the message names the closest field).
+            PolicyError: a bad policy or override value.
         """
         super().__init__()
-        self._pipeline = pipeline
-        self.model = model
-        self.policy = policy
+        if pipeline is not None:
+            settings["pipeline"] = pipeline
+        self.settings = PipelineSettings(
+            component=type(self).__name__, own=("roles", "compress_system", "gap"), **settings
+        )
         self.roles = None if roles is None else frozenset(roles)
         self.compress_system = compress_system
         self.gap = gap
-        self.policy_overrides: Mapping[str, Any] = dict(policy_overrides)
 
     def get_pipeline(self) -> Pipeline:
         """The pipeline that scores the messages."""
-        if self._pipeline is None:
-            self._pipeline = resolve_pipeline(
-                None, policy=self.policy, model=self.model, overrides=self.policy_overrides
-            )
-        return self._pipeline
+        return self.settings.get_pipeline()
 
     def compress_request(self, request: ModelRequest[Any]) -> ModelRequest[Any]:
         """The request with its messages (and, if asked, its system message) shortened."""

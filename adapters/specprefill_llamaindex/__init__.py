@@ -16,7 +16,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from specprefill_sdk._lazy import lazy_exports
+from specprefill_sdk._lazy import lazy_exports, require_extra
+
+require_extra(__name__, "llamaindex", ("llama_index.core",))
 
 __getattr__, __dir__, __all__ = lazy_exports(
     __name__, {"llm": ("SpecPrefillLLM",), "postprocessor": ("SpecPrefillNodePostprocessor",)}

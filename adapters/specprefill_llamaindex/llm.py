@@ -17,13 +17,12 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 
+from specprefill_sdk.components import RemoteFields
 from specprefill_sdk.errors import InvalidRequestError
-from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
 from specprefill_sdk.prompt import PromptInput
 from specprefill_sdk.types import Completion, Message, SamplingParams
 
@@ -54,6 +53,20 @@ def _info(completion: Completion) -> dict[str, Any]:
     }
 
 
+def _raw(completion: Completion | None) -> dict[str, Any] | None:
+    """``raw`` of a response: OpenAI-style ``usage`` (what `TokenCountingHandler` reads) and our report."""
+    if completion is None:
+        return None
+    u = completion.usage
+    usage = {
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.total_tokens,
+        "kept_tokens": u.kept_tokens,
+    }
+    return {"usage": usage, "specprefill": _info(completion)}
+
+
 def _sdk_message(message: ChatMessage) -> Message:
     role = _ROLES.get(message.role, message.role.value)
     texts = []
@@ -64,7 +77,7 @@ def _sdk_message(message: ChatMessage) -> Message:
     return Message(role=role, content="".join(texts))
 
 
-class SpecPrefillLLM(CustomLLM):
+class SpecPrefillLLM(RemoteFields, CustomLLM):
     """An LLM whose prompts are prefilled sparsely: a draft model picks the tokens that matter.
 
     Chat goes through the model's chat template; ``complete`` wraps the prompt as one user message
@@ -79,36 +92,28 @@ class SpecPrefillLLM(CustomLLM):
         print(llm.complete(long_text + "\\nWho wrote this?").text)
     """
 
-    pipeline: Any = Field(default=None, exclude=True, description="A ready specprefill_sdk Pipeline.")
-    model: str = Field(default="smollm2-135m", description="The target model spec (in process).")
-    policy: str = Field(default="paper", description="The policy preset or a .toml path.")
-    policy_overrides: dict[str, Any] = Field(default_factory=dict, description="Policy fields to change.")
-    base_url: str | None = Field(default=None, description="An OpenAI-compatible endpoint serving the target.")
-    api_key: str | None = Field(default=None, exclude=True, description="The key for base_url.")
+    # pipeline, draft, device, dtype, policy, keep_rate and the other policy fields, base_url,
+    # api_key, backend_mode: the fields every SpecPrefill component shares (`RemoteFields`).
+    model: str = Field(
+        default="smollm2-135m", description="The target model spec (the server's model id with base_url)."
+    )
     max_tokens: int = Field(default=256, ge=1, description="Tokens to generate at most.")
     temperature: float = Field(default=0.0, ge=0.0, description="0 is greedy.")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     seed: int | None = None
     complete_as_chat: bool = Field(default=True, description="complete() sends the prompt as a user message.")
 
-    _resolved: Pipeline | None = PrivateAttr(default=None)
-
     @classmethod
     def class_name(cls) -> str:
         return "SpecPrefillLLM"
 
-    def get_pipeline(self) -> Pipeline:
-        """The pipeline this LLM runs (built on first use when none was given)."""
-        if self._resolved is None:
-            self._resolved = resolve_pipeline(
-                self.pipeline,
-                policy=self.policy,
-                model=self.model,
-                base_url=self.base_url,
-                api_key=self.api_key,
-                overrides=self.policy_overrides,
-            )
-        return self._resolved
+    @classmethod
+    def own_field_names(cls) -> list[str]:
+        return ["max_tokens", "temperature", "top_p", "seed", "complete_as_chat"]
+
+    def get_token_ids(self, text: str) -> list[int]:
+        """The ids of ``text`` in the target's tokenizer: ``TokenCountingHandler(tokenizer=llm.get_token_ids)``."""
+        return list(self.get_pipeline().backend.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def metadata(self) -> LLMMetadata:
@@ -143,7 +148,7 @@ class SpecPrefillLLM(CustomLLM):
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         completion = self.get_pipeline().generate(self._prompt(prompt), self._params(kwargs))
         return CompletionResponse(
-            text=completion.text, raw=_info(completion), additional_kwargs={"specprefill": _info(completion)}
+            text=completion.text, raw=_raw(completion), additional_kwargs={"specprefill": _info(completion)}
         )
 
     @llm_completion_callback()
@@ -156,7 +161,9 @@ class SpecPrefillLLM(CustomLLM):
             for piece in pipeline.stream(self._prompt(prompt), params):
                 text += piece.text
                 extra = {"specprefill": _info(piece.completion)} if piece.completion is not None else {}
-                yield CompletionResponse(text=text, delta=piece.text, additional_kwargs=extra)
+                yield CompletionResponse(
+                    text=text, delta=piece.text, raw=_raw(piece.completion), additional_kwargs=extra
+                )
 
         return gen()
 
@@ -164,7 +171,7 @@ class SpecPrefillLLM(CustomLLM):
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
         completion = await self.get_pipeline().agenerate(self._prompt(prompt), self._params(kwargs))
         return CompletionResponse(
-            text=completion.text, raw=_info(completion), additional_kwargs={"specprefill": _info(completion)}
+            text=completion.text, raw=_raw(completion), additional_kwargs={"specprefill": _info(completion)}
         )
 
     @llm_completion_callback()
@@ -177,7 +184,9 @@ class SpecPrefillLLM(CustomLLM):
             async for piece in pipeline.astream(self._prompt(prompt), params):
                 text += piece.text
                 extra = {"specprefill": _info(piece.completion)} if piece.completion is not None else {}
-                yield CompletionResponse(text=text, delta=piece.text, additional_kwargs=extra)
+                yield CompletionResponse(
+                    text=text, delta=piece.text, raw=_raw(piece.completion), additional_kwargs=extra
+                )
 
         return gen()
 
@@ -188,7 +197,7 @@ class SpecPrefillLLM(CustomLLM):
         return ChatResponse(
             message=ChatMessage(role=MessageRole.ASSISTANT, content=text),
             delta=delta,
-            raw=extra.get("specprefill"),
+            raw=_raw(completion),
             additional_kwargs=extra,
         )
 

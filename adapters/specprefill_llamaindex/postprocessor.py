@@ -5,28 +5,27 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import ImageNode, MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from specprefill_sdk.interfaces import Selector
-from specprefill_sdk.pipeline import Pipeline
-from specprefill_sdk.policies import resolve_pipeline
-from specprefill_sdk.textmode import CompressedText, compress_documents
+from specprefill_sdk.components import PipelineFields
+from specprefill_sdk.textmode import DEFAULT_WHOLE_BELOW, CompressedText, compress_documents
 
 __all__ = ["SpecPrefillNodePostprocessor"]
 
 logger = logging.getLogger(__name__)
 
 
-class SpecPrefillNodePostprocessor(BaseNodePostprocessor):
+class SpecPrefillNodePostprocessor(PipelineFields, BaseNodePostprocessor):
     """Keep the parts of each node that a draft model attends to while it reads the query.
 
     Each text node is scored in a prompt holding its text and then the query (from the
     ``query_bundle``); the policy's selector keeps tokens of the node only. Nodes keep their id,
     score, relationships and metadata, which gains ``specprefill_keep_ratio`` (hidden from the LLM
     and the embedder). ``shared_budget=True`` scores all nodes in one prompt under one budget.
-    Image and other non-text nodes pass through.
+    Image and other non-text nodes pass through, and nodes under ``whole_below_tokens`` tokens
+    are kept whole.
 
     Example::
 
@@ -35,39 +34,24 @@ class SpecPrefillNodePostprocessor(BaseNodePostprocessor):
         engine = index.as_query_engine(node_postprocessors=[SpecPrefillNodePostprocessor(policy="paper")])
     """
 
-    pipeline: Any = Field(default=None, exclude=True, description="A ready specprefill_sdk Pipeline.")
+    # pipeline, draft, device, dtype, policy, keep_rate, token_budget and the other policy fields:
+    # the fields every SpecPrefill component shares (`PipelineFields`). ``keep_rate`` and
+    # ``token_budget`` apply to each node (to all of them with ``shared_budget``).
     model: str = Field(default="smollm2-135m", description="The model that scores the nodes (no pipeline).")
-    policy: str = Field(default="paper", description="The policy preset or a .toml path.")
-    policy_overrides: dict[str, Any] = Field(default_factory=dict, description="Policy fields to change.")
-    keep_rate: float | None = Field(default=None, description="Keep this share of each node's tokens.")
-    token_budget: int | None = Field(default=None, description="Keep this many tokens per node (in all if shared).")
     shared_budget: bool = Field(default=False, description="Select across all nodes under one budget.")
+    whole_below_tokens: int = Field(
+        default=DEFAULT_WHOLE_BELOW, ge=0, description="Nodes with fewer tokens than this are kept whole."
+    )
     gap: str = Field(default=" ", description="Put where text was dropped.")
     metadata_prefix: str = Field(default="specprefill_", description="Prefix of the metadata keys added.")
-
-    _resolved: Pipeline | None = PrivateAttr(default=None)
-    _selector: Selector | None = PrivateAttr(default=None)
 
     @classmethod
     def class_name(cls) -> str:
         return "SpecPrefillNodePostprocessor"
 
-    def get_pipeline(self) -> Pipeline:
-        """The pipeline that scores the nodes (built on first use when none was given)."""
-        if self._resolved is None:
-            self._resolved = resolve_pipeline(
-                self.pipeline, policy=self.policy, model=self.model, overrides=self.policy_overrides
-            )
-        return self._resolved
-
-    def _selector_for(self) -> Selector | None:
-        if self._selector is None:
-            from specprefill_sdk.policies import override_selector
-
-            self._selector = override_selector(
-                self.policy, self.policy_overrides, keep_rate=self.keep_rate, token_budget=self.token_budget
-            )
-        return self._selector
+    @classmethod
+    def own_field_names(cls) -> list[str]:
+        return ["shared_budget", "whole_below_tokens", "gap", "metadata_prefix"]
 
     def _node(self, item: NodeWithScore, result: CompressedText) -> NodeWithScore:
         node = item.node
@@ -106,7 +90,7 @@ class SpecPrefillNodePostprocessor(BaseNodePostprocessor):
             texts,
             query,
             shared_budget=self.shared_budget,
-            selector=self._selector_for(),
+            whole_below_tokens=self.whole_below_tokens,
             gap=self.gap,
         )
         out = list(nodes)

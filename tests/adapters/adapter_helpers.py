@@ -95,3 +95,36 @@ SHORT_CHAT = (
     ("system", "You are a helpful assistant. Answer in one short sentence."),
     ("user", "What is the capital of France, and which river runs through it?"),
 )
+
+
+#: Short retrieval chunks (50-65 tokens) of real encyclopedic facts: (text, question, answer).
+SHORT_FACTS = [
+    (
+        "The Louvre is the most-visited museum in the world and a landmark of Paris. It holds the Mona Lisa and "
+        "the Venus de Milo. The building was a royal palace, begun under Philip II. The museum opened on "
+        "10 August 1793 with 537 paintings.",
+        "When did the Louvre museum open?",
+        "1793",
+    ),
+    (
+        "Mount Everest is Earth's highest mountain above sea level, in the Mahalangur Himal of the Himalayas. "
+        "The border between China and Nepal runs across its summit. Its height, most recently set in 2020 by "
+        "Chinese and Nepali authorities, is 8,849 metres.",
+        "How high is Mount Everest?",
+        "8,849",
+    ),
+    (
+        "The Danube is the second-longest river in Europe, after the Volga. It flows through much of Central and "
+        "Southeastern Europe, from the Black Forest into the Black Sea. It passes through ten countries, and its "
+        "drainage basin covers 801,463 square kilometres.",
+        "How large is the Danube's drainage basin?",
+        "801,463",
+    ),
+    (
+        "Marie Curie was a physicist and chemist who did pioneering research on radioactivity. She was the first "
+        "woman to win a Nobel Prize and the only person to win one in two sciences. She was born in Warsaw, in "
+        "what was then the Kingdom of Poland, in 1867.",
+        "Where was Marie Curie born?",
+        "Warsaw",
+    ),
+]

@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("langchain_core")
 
-from adapter_helpers import GAP, MODEL_SETTINGS, SHORT_CHAT, assert_pieces_of, hash_embedding
+from adapter_helpers import GAP, MODEL_SETTINGS, SHORT_CHAT, SHORT_FACTS, assert_pieces_of, hash_embedding
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
@@ -64,6 +64,21 @@ def test_chat_model_reports_the_compression(paper_pipeline, essay) -> None:
     assert info["kept_tokens"] < info["prompt_tokens"] == reply.usage_metadata["input_tokens"]
     assert 0 < info["keep_ratio"] < 0.6
     assert reply.usage_metadata["output_tokens"] <= 8
+    assert reply.usage_metadata["input_token_details"] == {"specprefill_kept": info["kept_tokens"]}
+
+
+@pytest.mark.slow
+def test_token_counts_come_from_the_pipeline_s_tokenizer(paper_pipeline, tokenizer) -> None:
+    chat = ChatSpecPrefill(pipeline=paper_pipeline)
+    text = "The Louvre museum is in Paris. It opened in 1793."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert chat.get_token_ids(text) == ids
+    assert chat.get_num_tokens(text) == len(ids) > 0
+    messages = [SystemMessage("Answer briefly."), HumanMessage(text)]
+    sdk = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": text}]
+    assert chat.get_num_tokens_from_messages(messages) == paper_pipeline.prompt(sdk).n > len(ids)
+    with pytest.raises(InvalidRequestError, match="tools"):
+        chat.get_num_tokens_from_messages(messages, tools=[{"name": "search"}])
 
 
 @pytest.mark.slow
@@ -87,6 +102,7 @@ async def test_chat_model_stream_and_async_agree_with_invoke(dense_pipeline) -> 
     streamed = list(chat.stream(messages))
     assert "".join(c.text for c in streamed) == text
     assert streamed[-1].chunk_position == "last" and streamed[-1].usage_metadata is not None
+    assert "specprefill_kept" in streamed[-1].usage_metadata["input_token_details"]
     assert (await chat.ainvoke(messages)).text == text
     assert "".join([c.text async for c in chat.astream(messages)]) == text
 
@@ -156,6 +172,27 @@ def test_shared_budget_spends_one_budget_over_all_documents(paper_pipeline, docu
     assert len(set(ratios)) > 1  # the budget is not split evenly
     for doc, text in zip(out, documents, strict=True):
         assert_pieces_of(doc.page_content, text)
+
+
+@pytest.mark.slow
+def test_short_retrieved_chunks_keep_their_answers(documents, essay) -> None:
+    # Chunks of 50-65 tokens, retrieved for a question, with the settings the docs show.
+    chunks = [text for text, _, _ in SHORT_FACTS] + [essay[i : i + 280] for i in range(0, 1400, 280)]
+    base = _store(chunks).as_retriever(search_kwargs={"k": 2})
+    documented = SpecPrefillDocumentCompressor(**MODEL_SETTINGS, policy="paper", keep_rate=0.3, gap=GAP)
+    unruled = SpecPrefillDocumentCompressor(
+        **MODEL_SETTINGS, policy="paper", keep_rate=0.3, gap=GAP, whole_below_tokens=0
+    )
+    lost = 0
+    for text, question, answer in SHORT_FACTS:
+        found = base.invoke(question)
+        assert found[0].page_content == text  # the retriever finds the chunk that answers
+        kept = documented.compress_documents(found, question)
+        assert answer in kept[0].page_content and kept[0].metadata["specprefill_keep_ratio"] == 1.0
+        lost += answer not in unruled.compress_documents(found, question)[0].page_content
+    assert lost  # without the size rule, chunks this short lose answers
+    long = documented.compress_documents([Document(page_content=essay[:1500])], "What is the essay about?")
+    assert long[0].metadata["specprefill_keep_ratio"] < 0.6  # longer documents are still compressed
 
 
 @pytest.mark.slow

@@ -31,7 +31,12 @@ def test_hooks_are_defined_on_the_class_itself() -> None:
         pass
 
     for cls in (SpecPrefillCallback, Mine):
-        for hook in ("async_pre_call_hook", "async_pre_call_deployment_hook"):
+        for hook in (
+            "async_pre_call_hook",
+            "async_pre_call_deployment_hook",
+            "async_post_call_response_headers_hook",
+            "async_post_call_streaming_iterator_hook",
+        ):
             assert hook in vars(cls)
             assert getattr(cls, hook) is not getattr(CustomLogger, hook)
 
@@ -128,26 +133,53 @@ async def test_sdk_deployment_hook_against_our_server(paper_pipeline, essay) -> 
     assert served.choices[0].message.content and text.choices[0].message.content
 
 
+_RECORDER = """
+import json, os
+from litellm.integrations.custom_logger import CustomLogger
+
+
+class Recorder(CustomLogger):
+    # What litellm hands every logger (and writes to spend logs): its standard logging payload.
+    async def async_log_success_event(self, kwargs, response_obj, start_time, end_time):
+        payload = kwargs.get("standard_logging_object") or {}
+        with open(os.environ["SPECPREFILL_TEST_RECORD"], "a") as out:
+            out.write(json.dumps({"model": payload.get("model_group"), "metadata": payload.get("metadata")}) + "\\n")
+
+
+recorder = Recorder()
+"""
+
+
 @pytest.mark.slow
 def test_litellm_proxy_example_end_to_end(tmp_path) -> None:
     """examples/litellm_proxy.py: `specprefill serve` and the litellm proxy as processes, an openai client."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), str(ROOT)])}
+    # The example's config and callback module, plus a logger that records litellm's logging payload.
+    config = (ROOT / "examples" / "litellm_config.yaml").read_text()
+    config = config.replace(
+        "callbacks: litellm_callbacks.handler", "callbacks: [litellm_callbacks.handler, recorder.recorder]"
+    )
+    (tmp_path / "litellm_config.yaml").write_text(config)
+    (tmp_path / "litellm_callbacks.py").write_text((ROOT / "examples" / "litellm_callbacks.py").read_text())
+    (tmp_path / "recorder.py").write_text(_RECORDER)
+    record = tmp_path / "record.jsonl"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "adapters"), str(ROOT), str(tmp_path)]),
+        "SPECPREFILL_TEST_RECORD": str(record),
+    }
+    args = ["--json", "--stream", "--max-tokens", "6", "--chars", "1500", "--logs", str(tmp_path)]
     done = subprocess.run(
         [
             sys.executable,
             str(ROOT / "examples" / "litellm_proxy.py"),
-            "--json",
-            "--max-tokens",
-            "6",
-            "--chars",
-            "1500",
-            "--logs",
-            str(tmp_path),
+            *args,
+            "--config",
+            str(tmp_path / "litellm_config.yaml"),
         ],
         capture_output=True,
         text=True,
         env=env,
-        timeout=560,
+        timeout=900,
         check=False,
     )
     logs = "".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("*.log"))
@@ -157,5 +189,48 @@ def test_litellm_proxy_example_end_to_end(tmp_path) -> None:
     assert served["answer"].strip() and text["answer"].strip()
     extension = served["usage"]["specprefill"]
     assert extension["kept_tokens"] < served["usage"]["prompt_tokens"]
-    assert 0.2 < extension["keep_ratio"] < 0.5  # the callback's options (keep 30%) reached the server
+    assert 0.2 < extension["keep_ratio"] < 0.5  # the callback's keep_rate=0.3 reached the server
     assert text["usage"]["prompt_tokens"] < 0.6 * served["usage"]["prompt_tokens"]  # shortened by the proxy
+
+    # streamed through the proxy, the usage still carries the server's report
+    assert served["stream_answer"].strip()
+    assert served["stream_usage"]["specprefill"]["kept_tokens"] == extension["kept_tokens"]
+    assert "specprefill" in text["stream_usage"]
+
+    # text mode's counts: response headers, and litellm's logging payload (what spend logs record)
+    headers = text["headers"]
+    assert int(headers["x-specprefill-kept-tokens"]) < int(headers["x-specprefill-prompt-tokens"])
+    assert not served["headers"]  # the pass-through compresses nothing in the proxy
+    logged = [json.loads(line) for line in record.read_text().splitlines()]
+    text_logged = [r for r in logged if r["model"] == "smollm2-text"]
+    assert len(text_logged) == 2  # the plain and the streamed request
+    for entry in text_logged:
+        stats = entry["metadata"]["spend_logs_metadata"]["specprefill"]
+        assert stats["kept_tokens"] == int(headers["x-specprefill-kept-tokens"])
+        assert stats["prompt_tokens"] == int(headers["x-specprefill-prompt-tokens"])
+
+
+@pytest.mark.slow
+def test_sync_completion_is_warned_about_once(paper_pipeline, server_base, caplog, monkeypatch) -> None:
+    import specprefill_litellm.callback as module
+
+    monkeypatch.setattr(module, "_SYNC_WARNED", False)  # once per process: this test's process may have warned
+    saved = list(litellm.callbacks)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    call = {"model": "openai/smollm2-135m", "api_base": f"{server_base}/v1", "api_key": "none", "max_tokens": 2}
+    try:
+        litellm.callbacks = [SpecPrefillCallback(paper_pipeline)]
+        with caplog.at_level("WARNING", logger="specprefill_litellm.callback"):
+            for _ in range(2):
+                assert litellm.completion(messages=messages, **call).choices[0].message.content is not None
+    finally:
+        litellm.callbacks = saved
+    warned = [r for r in caplog.records if r.name == "specprefill_litellm.callback"]
+    assert len(warned) == 1 and "sync litellm.completion" in warned[0].getMessage()
+
+
+def test_policy_fields_are_sent_to_servers_unless_options_say_otherwise() -> None:
+    handler = SpecPrefillCallback(policy="conservative", keep_rate=0.3, dense_below_tokens=200, server_models=["s"])
+    assert handler.options == {"policy": "conservative", "keep_rate": 0.3, "min_prompt_tokens": 200}
+    assert SpecPrefillCallback(keep_rate=0.3, options={"keep_rate": 0.5}).options == {"keep_rate": 0.5}
+    assert SpecPrefillCallback().options == {}

@@ -160,3 +160,25 @@ def test_llm_refuses_unknown_arguments_and_images(dense_pipeline) -> None:
         llm.complete("hi", frequency_penalty=1.0)
     with pytest.raises(InvalidRequestError, match="only text"):
         llm.chat([ChatMessage(role="user", blocks=[ImageBlock(url="http://127.0.0.1/x.png")])])
+
+
+@pytest.mark.slow
+def test_token_counting_handler_sees_the_real_counts(dense_pipeline, tokenizer) -> None:
+    from llama_index.core.callbacks import CallbackManager, TokenCountingHandler
+
+    counter = TokenCountingHandler(tokenizer=lambda text: tokenizer.encode(text, add_special_tokens=False))
+    llm = SpecPrefillLLM(pipeline=dense_pipeline, max_tokens=5, callback_manager=CallbackManager([counter]))
+    assert llm.get_token_ids("Name a colour.") == tokenizer.encode("Name a colour.", add_special_tokens=False)
+    done = llm.complete("Name a colour.")
+    usage = done.raw["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["kept_tokens"] == done.additional_kwargs["specprefill"]["kept_tokens"]
+    # the chat template's tokens count: more than the tokenizer finds in the bare prompt text
+    assert counter.prompt_llm_token_count == usage["prompt_tokens"] > len(llm.get_token_ids("Name a colour."))
+    assert counter.completion_llm_token_count == usage["completion_tokens"] > 0
+
+    counter.reset_counts()
+    chunks = list(llm.stream_chat([ChatMessage(role="user", content="Hi!")]))
+    last = chunks[-1].raw["usage"]
+    assert counter.prompt_llm_token_count == last["prompt_tokens"]
+    assert counter.completion_llm_token_count == last["completion_tokens"]

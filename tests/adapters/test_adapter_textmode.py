@@ -73,3 +73,20 @@ def test_bad_input_is_refused_clearly(recency, essay) -> None:
     with pytest.raises(ContextTooLongError, match="one by one"):
         compress_documents(recency, long, "q", shared_budget=True)
     assert compress_documents(recency, ["", "  "], "q")[1].text == "  "
+
+
+@pytest.mark.slow
+def test_documents_under_the_size_rule_stay_whole(recency, documents) -> None:
+    query = "Where is the Louvre?"
+    plain = compress_documents(recency, documents, query)
+    assert plain[1].kept_tokens == 12 < plain[1].tokens < 40  # the short document, compressed
+    out = compress_documents(recency, documents, query, whole_below_tokens=40)
+    assert out[1].text == documents[1] and out[1].kept_tokens == out[1].tokens == plain[1].tokens
+    assert [d.text for d in out[::2]] == [d.text for d in plain[::2]]  # the long ones as before
+    # a shared budget: the rule reads the documents' tokens together
+    together = sum(d.tokens for d in plain)
+    whole = compress_documents(recency, documents, query, shared_budget=True, whole_below_tokens=together + 1)
+    assert [d.text for d in whole] == documents
+    assert sum(d.kept_tokens for d in compress_documents(recency, documents, query, shared_budget=True)) == 12
+    with pytest.raises(InvalidRequestError, match="whole_below_tokens"):
+        compress_documents(recency, documents, query, whole_below_tokens=-1)
