@@ -155,7 +155,8 @@ def llama_dir(kind: str, tokenizer: Path, weights: bool) -> Path:
     import vllm_gpu as base
 
     path = MODELS / f"llama-{kind}"
-    config = {**base.llama_config(kind), "vocab_size": 128256}
+    # the tokenizer's vocabulary, so that every generated id decodes to text, as with real weights
+    config = {**base.llama_config(kind), "vocab_size": 49152}
     return _model_dir(path, config, tokenizer, weights)
 
 
@@ -172,7 +173,7 @@ def qwen_dir(kind: str, tokenizer: Path, weights: bool) -> Path:
         "bos_token_id": 1,
         "eos_token_id": 2,
         "dtype": "bfloat16",
-        "vocab_size": 152064 if kind == "32b" else 151936,
+        "vocab_size": 49152,  # the tokenizer's, so that every generated id decodes to text
     }
     if kind == "32b":
         common.update(
@@ -364,6 +365,14 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------- sweep
+_SEEDS = iter(range(1, 1 << 30))
+
+
+def _next_seed() -> int:
+    """A new dataset seed for every run: repeated prompts would be served from vLLM's prefix cache."""
+    return next(_SEEDS)
+
+
 def bench(
     server: Server,
     tokenizer_dir: Path,
@@ -384,7 +393,7 @@ def bench(
         "--served-model-name", served, "--tokenizer", str(tokenizer_dir), "--dataset-name", "random",
         "--random-input-len", str(length), "--random-output-len", "128", "--random-range-ratio", "0",
         "--num-prompts", str(prompts), "--request-rate", "inf" if math.isinf(rate) else f"{rate:g}",
-        "--ignore-eos", "--seed", "0", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--ignore-eos", "--seed", str(_next_seed()), "--percentile-metrics", "ttft,tpot,itl,e2el",
         "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(out / "bench"),
         "--result-filename", name, "--disable-tqdm",
     ]  # fmt: skip
@@ -487,7 +496,7 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
         "policy": "paper (keep 0.1, chunks of 32, look-ahead 8)",
         "engine_options": [*ENGINE, "--max-model-len", str(max_len), *extra],
         "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
-        "--random-range-ratio 0, Poisson arrivals, seed 0",
+        "--random-range-ratio 0, Poisson arrivals, a new dataset seed per run (no prompt is sent twice)",
         "lengths": {},
     }
     RESULTS["stages"][f"sweep_{pair}"] = result

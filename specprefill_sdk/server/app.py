@@ -803,7 +803,10 @@ async def _events(
             piece = step.result()
             if piece is None:
                 break
-            if piece.text or (return_ids and piece.token_ids):
+            # A chunk for every generated step, its text empty while the detokenizer holds back an
+            # incomplete character: clients and load generators time the first token by the first
+            # chunk, and vLLM sends one per step too.
+            if piece.text or piece.token_ids:
                 yield chunk(piece.text, None, piece.token_ids)
             if piece.finish_reason is not None:
                 completion = piece.completion
