@@ -609,6 +609,8 @@ def render(results: dict[str, Any]) -> str:
     lines = ["# `specprefill serve --engine vllm` against vanilla `vllm serve` (one H200)", ""]
     if results.get("command"):
         lines += [f"Command: `{results['command']}`", ""]
+    for note in results.get("notes", []):
+        lines += [f"> {note}", ""]
     corr = results["stages"].get("correctness")
     if corr:
         lines += ["## Correctness", ""]
