@@ -55,7 +55,13 @@ def _until(server: ServerProcess, predicate: Callable[[dict[str, Any]], bool], w
 
 
 def _body(question: str, max_tokens: int, stream: bool = False) -> dict[str, Any]:
-    return {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "stream": stream}
+    # short questions: the policies' dense threshold would prefill them whole without the draft
+    return {
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "specprefill": {"min_prompt_tokens": 0},
+    }
 
 
 @pytest.mark.slow

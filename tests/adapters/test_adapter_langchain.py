@@ -181,8 +181,8 @@ def test_short_retrieved_chunks_keep_their_answers(documents, essay) -> None:
     base = _store(chunks).as_retriever(search_kwargs={"k": 2})
     documented = SpecPrefillDocumentCompressor(**MODEL_SETTINGS, policy="paper", keep_rate=0.3, gap=GAP)
     unruled = SpecPrefillDocumentCompressor(
-        **MODEL_SETTINGS, policy="paper", keep_rate=0.3, gap=GAP, whole_below_tokens=0
-    )
+        **MODEL_SETTINGS, policy="paper", keep_rate=0.3, gap=GAP, whole_below_tokens=0, dense_below_tokens=0
+    )  # neither the size rule nor the policy's dense threshold, which would keep such chunks whole too
     lost = 0
     for text, question, answer in SHORT_FACTS:
         found = base.invoke(question)
