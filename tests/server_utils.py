@@ -16,11 +16,26 @@ from typing import Any
 
 import httpx
 
+from specprefill_sdk.types import Prompt, TokenScores
+
 ROOT = Path(__file__).resolve().parents[1]
 _SERVE = (
     "import argparse, sys; from specprefill_sdk.cli import serve as cli; p = argparse.ArgumentParser(); "
     "cli.add_arguments(p); sys.exit(cli.main(p.parse_args(sys.argv[1:])))"
 )
+
+
+class ExplodingDraft:
+    """A draft scorer whose model fails on every call (e.g. out of memory on its GPU)."""
+
+    name = "draft-attention"
+    model_name = "exploding-draft"
+
+    def score(self, prompt: Prompt) -> TokenScores:
+        raise RuntimeError("draft exploded")
+
+    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
+        raise RuntimeError("draft exploded")
 
 
 def free_port() -> int:

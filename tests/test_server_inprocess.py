@@ -7,7 +7,7 @@ The apps share the session's loaded SmolLM2 (no second copy of the weights).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -15,26 +15,11 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
-from server_utils import serve_in_thread
-
-from specprefill_sdk.types import Prompt, TokenScores
+from server_utils import ExplodingDraft, serve_in_thread
 
 pytestmark = pytest.mark.slow
 
 MODEL = "smollm2-135m"
-
-
-class ExplodingDraft:
-    """A draft scorer whose model fails on every call (e.g. out of memory on its GPU)."""
-
-    name = "draft-attention"
-    model_name = "exploding-draft"
-
-    def score(self, prompt: Prompt) -> TokenScores:
-        raise RuntimeError("draft exploded")
-
-    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
-        raise RuntimeError("draft exploded")
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ import asyncio
 import json
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_utils import ServerProcess, serve_in_thread, start_server
+from server_utils import ExplodingDraft, ServerProcess, serve_in_thread, start_server
 
-from specprefill_sdk.types import Completion, Prompt, TokenScores, Usage
+from specprefill_sdk.types import Completion, Prompt, Usage
 
 MODEL = "smollm2-135m"
 KEYS = ("metrics-key-one", "metrics-key-two")
@@ -216,19 +216,6 @@ def test_a_stream_left_mid_way_is_running_then_counted_as_aborted(server: Server
 
 
 # ----------------------------------------------------------------------------- apps in this process
-class ExplodingDraft:
-    """A draft scorer whose model fails on every call (e.g. out of memory on its GPU)."""
-
-    name = "draft-attention"
-    model_name = "exploding-draft"
-
-    def score(self, prompt: Prompt) -> TokenScores:
-        raise RuntimeError("draft exploded")
-
-    def score_batch(self, prompts: Sequence[Prompt]) -> list[TokenScores]:
-        raise RuntimeError("draft exploded")
-
-
 @pytest.fixture(scope="module")
 def backend(smollm: Any) -> Any:
     from specprefill_sdk.backends import TransformersBackend
