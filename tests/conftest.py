@@ -26,6 +26,14 @@ def smollm_fp32():
     return load_model("smollm2-135m", device="cpu", dtype="float32", progress=False)
 
 
+@pytest.fixture(scope="module")
+def backend(smollm):
+    """A `TransformersBackend` on the shared SmolLM2 (one per test module; no second copy of the weights)."""
+    from specprefill_sdk.backends import TransformersBackend
+
+    return TransformersBackend(smollm)
+
+
 @pytest.fixture(scope="session")
 def tokenizer(smollm):
     return smollm.tokenizer

@@ -23,13 +23,6 @@ LONE = "caf\ud800e"
 
 
 @pytest.fixture(scope="module")
-def backend(smollm: Any) -> Any:
-    from specprefill_sdk.backends import TransformersBackend
-
-    return TransformersBackend(smollm)
-
-
-@pytest.fixture(scope="module")
 def url(backend: Any) -> Iterator[str]:
     from specprefill_sdk.server import ServerConfig, create_app
 

@@ -216,13 +216,6 @@ def test_a_stream_left_mid_way_is_running_then_counted_as_aborted(server: Server
 
 
 # ----------------------------------------------------------------------------- apps in this process
-@pytest.fixture(scope="module")
-def backend(smollm: Any) -> Any:
-    from specprefill_sdk.backends import TransformersBackend
-
-    return TransformersBackend(smollm)
-
-
 @pytest.mark.slow
 def test_metrics_are_off_by_default_with_an_openai_style_404(backend: Any) -> None:
     from specprefill_sdk.server import ServerConfig, create_app
