@@ -364,6 +364,116 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
     return result
 
 
+# ----------------------------------------------------------------------------------------- real weights
+REAL_TARGET, REAL_DRAFT = Path("/tmp/qwen15.gguf"), Path("/tmp/qwen05.gguf")
+REAL_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "variable_tracking", "qa_squad", "qa_hotpot")
+#: positions left for the answer when a sample is sized to the context (as the eval harness does)
+ANSWER_ROOM = 96
+#: where the reference pipeline runs
+DEVICE = "cuda"
+
+
+def _chat(base: str, body: dict[str, Any]) -> tuple[str, list[int], dict[str, Any]]:
+    status, payload = http("POST", base + "/v1/chat/completions", body, timeout=300)
+    if status != 200:
+        raise RuntimeError(f"{base}: status {status}: {str(payload)[:500]}")
+    choice = payload["choices"][0]
+    return choice["message"]["content"] or "", [int(t) for t in choice.get("token_ids") or []], payload["usage"]
+
+
+def _margin(net: Any, compressed: Any, generated: list[int], step: int, ours: int) -> float:
+    """The reference's logit lead of its own token over the served one at the first differing step."""
+    import torch
+
+    ids = [*compressed.token_ids, *generated[:step]]
+    positions = [*compressed.position_ids, *range(compressed.n, compressed.n + step)]
+    with torch.inference_mode():
+        logits = (
+            net(input_ids=torch.tensor([ids], device=DEVICE), position_ids=torch.tensor([positions], device=DEVICE))
+            .logits[0, -1]
+            .float()
+        )
+    return float(logits[generated[step]] - logits[ours])
+
+
+def stage_real(out: Path, lengths: list[int], samples: int, seed: int) -> dict[str, Any]:
+    """The real Qwen2.5-Coder pair: the served engine's answers against `TransformersBackend`'s, one policy."""
+    from specprefill_sdk.backends.transformers import TransformersBackend
+    from specprefill_sdk.eval.metrics import contains_match, exact_match
+    from specprefill_sdk.eval.tasks import generate_samples
+    from specprefill_sdk.policies import load_pipeline
+    from specprefill_sdk.types import SamplingParams
+
+    for gguf in (REAL_TARGET, REAL_DRAFT):
+        for _ in range(600):  # the weights may still be arriving
+            if (gguf.parent / f"{gguf.name}.ok").exists():
+                break
+            time.sleep(1)
+    for _ in range(600):  # a conversion to bf16 folders started on arrival
+        if not Path("/tmp/converting").exists():
+            break
+        time.sleep(1)
+    served, policy = "qwen2.5-coder-1.5b", "paper"
+    result: dict[str, Any] = {
+        "target": "Qwen2.5-Coder-1.5B-Instruct (real weights, GGUF converted to bf16)",
+        "draft": "Qwen2.5-Coder-0.5B-Instruct (real weights, GGUF converted to bf16)",
+        "policy": f"{policy} (the server's default)", "tasks": list(REAL_TASKS), "lengths": lengths,
+        "samples_per_task": samples, "seed": seed, "rows": [],
+    }  # fmt: skip
+    RESULTS["stages"]["real"] = result
+    t0 = time.monotonic()
+    # The reference first and alone on the GPU: vLLM profiles the free memory when it starts.
+    pipe = load_pipeline(policy, model=str(REAL_TARGET), draft=str(REAL_DRAFT), device=DEVICE, dtype="bfloat16")
+    backend = pipe.backend
+    assert isinstance(backend, TransformersBackend)
+    tokenizer, net = backend.tokenizer, backend.loaded.model
+    result["load_s"] = round(time.monotonic() - t0, 1)
+    cases = []
+    for length in lengths:
+        fit = min(length, pipe.backend.max_context - ANSWER_ROOM)
+        for task in REAL_TASKS:
+            cases += generate_samples(task, tokenizer, length=fit, count=samples, seed=seed)
+    reference = []
+    for sample in cases:
+        messages = [{"role": "user", "content": sample.text}]
+        prompt = pipe.prompt(messages)
+        compressed = pipe.compress(prompt)
+        done = pipe.backend.generate(compressed, SamplingParams(max_tokens=sample.max_new_tokens, temperature=0.0))
+        reference.append((messages, prompt.n, compressed, list(done.token_ids), done.text))
+    result["reference_s"] = round(time.monotonic() - t0, 1)
+    save(out)
+    ours = Server(f"real_{served}", [*ours_cmd(REAL_TARGET, REAL_DRAFT, served, 8601, 32768, [])[: -len(ENGINE)],
+                  "--gpu-memory-utilization", "0.5", "--seed", "0"], 8601, out)  # fmt: skip
+    try:
+        result["startup_s"] = ours.wait()
+        for sample, (messages, n, compressed, want, want_text) in zip(cases, reference, strict=True):
+            body = {"model": served, "messages": messages, "max_tokens": sample.max_new_tokens, "temperature": 0,
+                    "specprefill": {"return_token_ids": True}}  # fmt: skip
+            text, got, usage = _chat(ours.base, body)
+            step = _first_divergence(got, want)
+            row = {
+                "id": sample.sample_id, "task": sample.task, "prompt_tokens": n,
+                "kept_reference": compressed.kept, "kept_served": (usage.get("specprefill") or {}).get("kept_tokens"),
+                "equal_tokens": got == want, "first_divergence": step,
+                "contains_reference": contains_match(want_text, sample.answers, sample.match),
+                "contains_served": contains_match(text, sample.answers, sample.match),
+                "exact_reference": exact_match(want_text, sample.answers, sample.match),
+                "exact_served": exact_match(text, sample.answers, sample.match),
+                "answer_reference": want_text[:200], "answer_served": text[:200],
+            }  # fmt: skip
+            if step is not None and step < min(len(got), len(want)):
+                try:
+                    row["reference_margin"] = round(_margin(net, compressed, want, step, got[step]), 4)
+                except Exception as exc:  # the row stands without it
+                    row["margin_error"] = repr(exc)
+            result["rows"].append(row)
+        save(out)
+    finally:
+        ours.stop()
+        result["log_tail"] = ours.tail(2000)
+    return result
+
+
 # ----------------------------------------------------------------------------------------- sweep
 _SEEDS = iter(range(1, 1 << 30))
 
@@ -447,7 +557,7 @@ def sweep_server(
     slo_ms: float,
     start_rate: float,
     budget_s: float,
-    target_s: float = 36.0,
+    target_s: float = 24.0,
 ) -> list[dict[str, Any]]:
     """Rising Poisson rates until p90 TTFT passes the service level twice (or the budget ends)."""
     rows: list[dict[str, Any]] = []
@@ -605,6 +715,52 @@ def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _render_real(real: dict[str, Any] | None) -> list[str]:
+    if not real:
+        return []
+    lines = ["## Real weights: the served engine against `TransformersBackend`", ""]
+    if "error" in real:
+        lines += [f"Failed: `{real['error'][:300]}`", ""]
+    rows = real.get("rows") or []
+    lines += [
+        f"Target {real.get('target')}; draft {real.get('draft')}; policy {real.get('policy')}; greedy; "
+        f"{real.get('samples_per_task')} samples per task and length, seed {real.get('seed')}, lengths "
+        f"{', '.join(f'{n:,}' for n in real.get('lengths', []))} (sized to the context less {ANSWER_ROOM} tokens "
+        "of answer room). The same chat messages go to `specprefill serve --engine vllm` and, in the benchmark's "
+        "process, to the same policy's pipeline over `TransformersBackend`.",
+        "",
+        "| task | samples | contains: transformers | contains: served | exact: transformers | exact: served "
+        "| same tokens | same kept count |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    groups = [(t, [r for r in rows if r["task"] == t]) for t in real.get("tasks", [])] + [("all", rows)]
+    for task, group in groups:
+        if not group:
+            continue
+
+        def count(key: str, rows: list[dict[str, Any]] = group) -> str:
+            return f"{sum(bool(r[key]) for r in rows)}/{len(rows)}"
+
+        same_kept = sum(r["kept_served"] == r["kept_reference"] for r in group)
+        lines.append(
+            f"| {task} | {len(group)} | {count('contains_reference')} | {count('contains_served')} | "
+            f"{count('exact_reference')} | {count('exact_served')} | {count('equal_tokens')} | "
+            f"{same_kept}/{len(group)} |"
+        )
+    differ = [r for r in rows if not r["equal_tokens"]]
+    if differ:
+        lines += ["", "Where the greedy tokens differ (the reference's logit lead of its own token at that step):", ""]
+        lines += ["| sample | prompt tokens | kept (ref / served) | first differing token | logit lead |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for r in differ:
+            lines.append(
+                f"| {r['id']} | {r['prompt_tokens']:,} | {r['kept_reference']} / {r['kept_served']} | "
+                f"{_f(r.get('first_divergence'))} | {_f(r.get('reference_margin'), 3)} |"
+            )
+    lines.append("")
+    return lines
+
+
 def render(results: dict[str, Any]) -> str:
     lines = ["# `specprefill serve --engine vllm` against vanilla `vllm serve` (one H200)", ""]
     if results.get("command"):
@@ -621,6 +777,7 @@ def render(results: dict[str, Any]) -> str:
         for c in corr.get("checks", []):
             lines.append(f"| {c['case']} | {'yes' if c['equal'] else 'no'} | {_f(c.get('first_divergence'))} |")
         lines.append("")
+    lines += _render_real(results["stages"].get("real"))
     for key, sweep in results["stages"].items():
         if not key.startswith("sweep_"):
             continue
@@ -702,8 +859,13 @@ def main() -> int:
     parser.add_argument("--pair", choices=("llama", "qwen"), default="llama")
     parser.add_argument("--lengths", default="32768,8192")
     parser.add_argument("--budget", type=float, default=900.0, help="seconds for the sweeps of one pair")
+    parser.add_argument("--real-lengths", default="8192,32768", help="prompt lengths of the real-weight stage")
+    parser.add_argument("--real-samples", type=int, default=4, help="samples per task and length (real stage)")
+    parser.add_argument("--real-seed", type=int, default=7, help="seed of the real stage's samples")
+    parser.add_argument("--name", default=NAME, help="file name stem of the results")
     parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
     args = parser.parse_args()
+    globals()["NAME"] = args.name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     if args.render is not None:
         data = json.loads(args.render.read_text())
@@ -720,6 +882,9 @@ def main() -> int:
         try:
             if stage == "correctness":
                 RESULTS["stages"]["correctness"] = stage_correctness(args.out, args.tokenizer)
+            elif stage == "real":
+                lengths = [int(x) for x in args.real_lengths.split(",")]
+                stage_real(args.out, lengths, args.real_samples, args.real_seed)
             elif stage == "sweep":
                 lengths = [int(x) for x in args.lengths.split(",")]
                 stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget)
