@@ -150,6 +150,30 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_the_serving_real_weight_stage_counts_agreement_per_task_and_lists_each_divergence():
+    module = _script("vllm_serve_gpu")
+
+    def row(task: str, i: int, equal: bool, served: bool, kept: int = 100) -> dict[str, Any]:
+        return {
+            "id": f"{task}/8192/{i}", "task": task, "prompt_tokens": 8100, "kept_reference": 100,
+            "kept_served": kept, "equal_tokens": equal, "first_divergence": None if equal else 4,
+            "contains_reference": True, "contains_served": served, "exact_reference": False,
+            "exact_served": False, **({} if equal else {"reference_margin": 0.0625}),
+        }  # fmt: skip
+
+    rows = [
+        row("niah_single", 0, True, True),
+        row("niah_single", 1, False, False, kept=99),
+        row("qa_squad", 0, True, True),
+    ]
+    real = {"tasks": ["niah_single", "qa_squad"], "lengths": [8192], "samples_per_task": 2, "seed": 7, "rows": rows}
+    text = module.render({"stages": {"real": real}})
+    assert "| niah_single | 2 | 2/2 | 1/2 | 0/2 | 0/2 | 1/2 | 1/2 |" in text
+    assert "| qa_squad | 1 | 1/1 | 1/1 | 0/1 | 0/1 | 1/1 | 1/1 |" in text
+    assert "| all | 3 | 3/3 | 2/3 | 0/3 | 0/3 | 2/3 | 2/3 |" in text
+    assert "| niah_single/8192/1 | 8,100 | 100 / 99 | 4 | 0.062 |" in text
+
+
 def test_warmup_check_mode_times_a_cold_and_a_warm_server(tmp_path):
     _run("warmup_gpu.py", "--tiny", "--out", str(tmp_path))
     result = json.loads((tmp_path / "warmup_gpu_h200.json").read_text())
