@@ -82,6 +82,32 @@ def test_sigterm_refuses_the_queued_request_and_ends_the_long_stream_with_an_err
         server.stop()
 
 
+def test_a_json_request_still_running_after_the_grace_period_gets_503(tmp_path: Path) -> None:
+    server = start_server(["--model", MODEL, "--device", "cpu", "--shutdown-grace", "1"], tmp_path / "server.log")
+    try:
+        answer: dict[str, httpx.Response] = {}
+
+        def send() -> None:
+            body = {**LONG, "stream": False}
+            answer["response"] = httpx.post(f"{server.api}/chat/completions", json=body, timeout=120)
+
+        sender = threading.Thread(target=send)
+        sender.start()
+        deadline = time.monotonic() + 60
+        while httpx.get(f"{server.base}/health", timeout=10).json()["running"] < 1:
+            assert time.monotonic() < deadline, "the request never started"
+            time.sleep(0.05)
+        server.proc.send_signal(signal.SIGTERM)
+        sender.join(timeout=120)
+        response = answer["response"]
+        assert response.status_code == 503, response.text
+        assert response.headers["retry-after"] == "5"
+        assert response.json()["error"]["code"] == "server_shutting_down"
+        server.proc.wait(timeout=60)
+    finally:
+        server.stop()
+
+
 def test_a_closed_admission_refuses_the_waiting_and_new_requests_and_keeps_the_running_ones() -> None:
     import asyncio
 

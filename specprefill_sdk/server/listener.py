@@ -46,7 +46,7 @@ import uvicorn
 from uvicorn.config import STARTUP_FAILURE
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from .config import ServerConfig
+from .config import DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS, ServerConfig
 from .errors import error_body
 
 __all__ = [
@@ -86,7 +86,7 @@ class LimitedH11Protocol(H11Protocol):
     under them are the class's.
     """
 
-    limits: ClassVar[ConnectionLimits] = ConnectionLimits(15.0, 512)
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits(DEFAULT_HEADER_TIMEOUT, DEFAULT_MAX_CONNECTIONS)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
