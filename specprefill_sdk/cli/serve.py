@@ -136,6 +136,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse larger request bodies with 413 (default: 4 MiB)",
     )
     parser.add_argument(
+        "--header-timeout",
+        type=positive_number,
+        help="seconds a connection may take to send a request's head (request line and headers); then it is "
+        f"closed, with 408 if part of one came (default: {_D.header_timeout:g})",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=positive_int,
+        help="HTTP connections served at once; a connection beyond them gets 503 with Retry-After "
+        f"(default: {_D.max_connections})",
+    )
+    parser.add_argument(
+        "--shutdown-grace",
+        type=non_negative_number,
+        help="seconds running requests get to finish at shutdown (SIGTERM); queued and new ones get 503 at once, "
+        f"streams still running after it end with an error event and [DONE] (default: {_D.shutdown_grace:g})",
+    )
+    parser.add_argument(
         "--session-ttl",
         type=positive_number,
         help=f"seconds a conversation kept on the server may stay idle before it expires (default: {_D.session_ttl:g})",
@@ -388,9 +406,8 @@ def uvicorn_log_config(level: str) -> dict[str, Any]:
 
 def main(args: argparse.Namespace) -> int:
     """Load the models, build the app and serve until interrupted; returns the exit status."""
-    import uvicorn
-
     from ..server.app import create_app
+    from ..server.listener import serve
 
     config = config_from_args(args)
     logging.basicConfig(level=config.log_level.upper(), format=LOG_FORMAT)
@@ -400,12 +417,5 @@ def main(args: argparse.Namespace) -> int:
     if not config.api_keys and not is_loopback_host(config.host):
         logger.warning("serving on %s without an API key: anyone who reaches this address can use it", config.host)
     app = create_app(config, tracer_provider=tracer_provider, meter_provider=meter_provider)
-    uvicorn.run(
-        app,
-        host=config.host,
-        port=config.port,
-        log_level=config.log_level,
-        log_config=uvicorn_log_config(config.log_level),
-        timeout_graceful_shutdown=5,
-    )
+    serve(app, config, log_config=uvicorn_log_config(config.log_level))
     return 0

@@ -45,8 +45,8 @@ from ..types import Completion, Prompt
 from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
-from .errors import error_body, install_error_handlers
-from .limits import AUTHENTICATED_KEY, GuardMiddleware, HostCheck
+from .errors import ShuttingDownError, error_body, install_error_handlers
+from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck
 from .request_id import RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletion,
@@ -90,6 +90,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
         (409, "The conversation is answering another request, or already exists"),
         (413, "Body or prompt too large"),
         (429, "The queue is full, or every stored conversation is in use; see Retry-After"),
+        (503, "The server is shutting down, or serves as many connections as it may; see Retry-After"),
     )
 }
 _STREAM_DOC: dict[int | str, dict[str, Any]] = {
@@ -575,18 +576,17 @@ async def _serve(
         prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
         if not body.stream:
             async with _cancelled_on_disconnect(request, engine, ctx):
-                completion = await engine.call(ctx, engine.run_generate, prepared)
+                completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_generate, prepared))
             engine.finished(ctx, ticket, prepared, completion)
             return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid))
-        iterator = await engine.call(ctx, engine.open_stream, prepared)
+        iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_stream, prepared))
         handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
     finally:
         if handle is None:
             engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    events = _events(
-        handle, kind, engine.served_model, include_usage, return_ids, rid, engine.config.keepalive_interval
-    )
+    keepalive = engine.config.keepalive_interval
+    events = _events(handle, kind, engine.served_model, include_usage, return_ids, rid, keepalive, engine.drain)
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -629,13 +629,13 @@ async def _serve_turn(
         try:
             turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
             if not body.stream:
-                completion = await engine.call(ctx, engine.run_turn, turn)
+                completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_turn, turn))
                 engine.finished(ctx, ticket, turn, completion)
                 payload = _response(
                     "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn
                 )
                 return JSONResponse(payload, headers=headers)
-            iterator = await engine.call(ctx, engine.open_turn_stream, turn)
+            iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_turn_stream, turn))
             handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
         finally:
             if handle is None:
@@ -652,6 +652,7 @@ async def _serve_turn(
         options.return_token_ids,
         request_id(request),
         engine.config.keepalive_interval,
+        engine.drain,
         turn,
     )
     return _ClosingStreamingResponse(
@@ -755,6 +756,7 @@ async def _events(
     return_ids: bool,
     rid: str,
     keepalive: float,
+    drain: Drain,
     turn: Turn | None = None,
 ) -> AsyncGenerator[str, None]:
     """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE].
@@ -762,6 +764,10 @@ async def _events(
     While a chunk takes longer than ``keepalive`` seconds (scoring and prefill of a long prompt
     before the first), an SSE comment (`KEEP_ALIVE`) goes out every ``keepalive`` seconds: proxies
     close connections that stay silent, and SSE clients skip comment lines.
+
+    A stream still running when the shutdown's grace period is over (``drain``) ends with an error
+    event (`ShuttingDownError`'s body) and ``[DONE]``, so that its client can tell it from a
+    finished answer and from a broken connection.
     """
     created = int(time.time())
     prefix, obj = ("chatcmpl", "chat.completion.chunk") if kind == "chat" else ("cmpl", "text_completion")
@@ -789,17 +795,23 @@ async def _events(
         return _sse(payload)
 
     completion: Completion | None = None
+    over = asyncio.ensure_future(drain.over())
     try:
         if kind == "chat":
             yield chunk("", None, role=True)
         while True:
             step = asyncio.ensure_future(handle.next())
             try:
-                while not (await asyncio.wait({step}, timeout=keepalive))[0]:
+                while not (await asyncio.wait({step, over}, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED))[0]:
                     yield KEEP_ALIVE
             finally:
-                if not step.done():  # the client went away: the worker's step finishes under the stream's lock
-                    step.cancel()
+                if not step.done():  # the client went away, or the grace is over: the worker's step finishes
+                    step.cancel()  # under the stream's lock
+            if not step.done() or step.cancelled():
+                raise ShuttingDownError(
+                    f"the server shut down before this stream finished (it waits {drain.grace_s:g} s for running "
+                    "requests); retry later"
+                )
             piece = step.result()
             if piece is None:
                 break
@@ -814,11 +826,17 @@ async def _events(
         if include_usage and completion is not None:
             yield _sse({**base, "choices": [], "usage": _usage(completion, turn).model_dump()})
         yield "data: [DONE]\n\n"
+    except ShuttingDownError as exc:
+        logger.info("a stream was ended by the shutdown (request %s)", rid)
+        yield _sse(exc.to_openai())
+        yield "data: [DONE]\n\n"
     except SpecPrefillError as exc:
         yield _sse(exc.to_openai())
     except Exception:
         logger.exception("a stream failed (request %s)", rid)
         yield _sse(error_body("the server failed while generating", "server_error", code="internal_error"))
+    finally:
+        over.cancel()
 
 
 class _ClosingStreamingResponse(StreamingResponse):

@@ -28,9 +28,12 @@ from . import DEFAULT_MAX_SESSIONS, DEFAULT_SESSION_STRATEGY, DEFAULT_SESSION_TT
 
 __all__ = [
     "DEFAULT_CONCURRENCY",
+    "DEFAULT_HEADER_TIMEOUT",
     "DEFAULT_KEEPALIVE_INTERVAL",
     "DEFAULT_MAX_BODY_BYTES",
+    "DEFAULT_MAX_CONNECTIONS",
     "DEFAULT_SCORING_WAIT_MS",
+    "DEFAULT_SHUTDOWN_GRACE",
     "ENGINES",
     "ENV_PREFIX",
     "LOG_LEVELS",
@@ -52,6 +55,17 @@ DEFAULT_SCORING_WAIT_MS = 5.0
 #: Seconds a stream may wait for its next piece (scoring and prefill of a long prompt) before the
 #: server sends an SSE comment, so that proxies do not close a connection they think idle.
 DEFAULT_KEEPALIVE_INTERVAL = 10.0
+#: Seconds a connection may take to send a request's head (request line and headers): ample for any
+#: client on a slow network, short enough that connections that never finish theirs do not pile up.
+DEFAULT_HEADER_TIMEOUT = 15.0
+#: HTTP connections served at once: well above what the engines run and queue (vLLM's 256 and the
+#: queue) plus clients' idle kept-alive connections, and well below the 1024 open files that many
+#: systems allow a process by default.
+DEFAULT_MAX_CONNECTIONS = 512
+#: Seconds that requests running at shutdown (SIGTERM) get to finish: most answers and streams end
+#: within it, and with the few seconds the server needs to close after it, it stays within the 30 s
+#: that Kubernetes and systemd give a process before they kill it.
+DEFAULT_SHUTDOWN_GRACE = 20.0
 #: The prefix of the environment variables `ServerConfig.from_env` reads.
 ENV_PREFIX = "SPECPREFILL_"
 #: uvicorn's log levels, for ``log_level``.
@@ -117,6 +131,15 @@ class ServerConfig:
             (a request alone on the server never waits).
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
+        header_timeout: seconds a connection may take to send a request's head (after it opened, or
+            after the previous answer on it); then it is closed (with 408 when part of a head came).
+            Read by ``specprefill serve`` (`specprefill_sdk.server.listener`).
+        max_connections: HTTP connections served at once; a connection beyond them is answered 503
+            (``too_many_connections``, ``Retry-After``) and closed. Read by ``specprefill serve``.
+        shutdown_grace: seconds the requests running at shutdown get to finish. From the start of the
+            shutdown, queued and new requests get 503 (``server_shutting_down``, ``Retry-After``);
+            what still runs after the grace ends: a stream with an SSE error event and ``[DONE]``, a
+            JSON request with 503.
         engine: ``"transformers"`` (the target in this process) or ``"vllm"`` (the target in vLLM's
             engine, continuous batching; the draft on the GPU in this process; see docs/vllm.md).
         engine_args: vLLM engine options (`vllm.EngineArgs` names: ``max_model_len``,
@@ -152,6 +175,9 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     log_level: str = "info"
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    shutdown_grace: float = DEFAULT_SHUTDOWN_GRACE
     engine: str = "transformers"
     engine_args: tuple[tuple[str, Any], ...] = field(default=())
 
@@ -199,6 +225,7 @@ class ServerConfig:
             ("max_queue", 0),
             ("max_body_bytes", 1),
             ("max_sessions", 0),
+            ("max_connections", 1),
             ("port", 0),
         ):
             check_int(getattr(self, name), name, param=name, minimum=minimum)
@@ -217,6 +244,14 @@ class ServerConfig:
         )
         object.__setattr__(
             self, "session_ttl", check_float(self.session_ttl, "session_ttl", param="session_ttl", inclusive=False)
+        )
+        object.__setattr__(
+            self,
+            "header_timeout",
+            check_float(self.header_timeout, "header_timeout", param="header_timeout", inclusive=False),
+        )
+        object.__setattr__(
+            self, "shutdown_grace", check_float(self.shutdown_grace, "shutdown_grace", param="shutdown_grace")
         )
         object.__setattr__(
             self,

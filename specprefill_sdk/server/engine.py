@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -45,8 +45,8 @@ from ..types import (
 )
 from ..validation import check_int
 from .config import ServerConfig
-from .errors import RequestTooLargeError
-from .limits import Admission, Ticket
+from .errors import RequestTooLargeError, ShuttingDownError
+from .limits import Admission, Drain, Ticket
 from .schemas import ConversationUsage, SpecPrefillOptions
 from .sessions import ConversationStore, StoredConversation
 
@@ -157,7 +157,8 @@ class StreamHandle:
             self._engine.cancelled_streams += 1
             if self._engine.metrics is not None:
                 self._engine.metrics.aborted()
-            logger.info("a stream was stopped before its end (the client went away)")
+            why = "the server is shutting down" if self._engine.drain.started else "the client went away"
+            logger.info("a stream was stopped before its end (%s)", why)
             # a first step still waiting for its scores would hold the context's lock until scored
             self._engine.cancel(self._ctx)
         try:
@@ -245,6 +246,8 @@ class ServingEngine:
         self.max_output_tokens = config.max_output_tokens
         self.default_max_tokens = config.default_max_tokens
         self.admission = _Admission(max_concurrency, config.max_queue, on_release=self._released)
+        #: The shutdown: `begin_shutdown` starts it, ``config.shutdown_grace`` seconds later it is over.
+        self.drain = Drain(config.shutdown_grace)
         #: Streams stopped before their end because the client went away.
         self.cancelled_streams = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
@@ -327,6 +330,46 @@ class ServingEngine:
         """Run ``fn(*args)`` on a model worker thread inside the request's context."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, ctx.run, fn, *args)
+
+    def begin_shutdown(self) -> None:
+        """Start shutting down (on the event loop): queued and new requests get 503 from now on.
+
+        Running requests go on for ``config.shutdown_grace`` seconds (`drain`); what still runs then
+        is ended by its route (`until_grace_over`, and the streams' error event).
+        """
+        if self.drain.started:
+            return
+        running = self.admission.stats()
+        logger.info(
+            "shutting down: %d running request(s) get %g s to finish, %d queued one(s) are refused",
+            running.running,
+            self.drain.grace_s,
+            running.waiting,
+        )
+        self.admission.close("the server is shutting down; retry later (another instance, or this one restarted)")
+        self.drain.begin()
+
+    async def until_grace_over(self, ctx: RequestContext, work: Awaitable[T]) -> T:
+        """``await work``, unless the shutdown's grace period ends first: then `ShuttingDownError` (503).
+
+        The request is cancelled (`cancel`); a model step already running on a worker finishes there
+        and its result is dropped.
+        """
+        task = asyncio.ensure_future(work)
+        over = asyncio.ensure_future(self.drain.over())
+        try:
+            await asyncio.wait({task, over}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            over.cancel()
+            if not task.done():
+                task.cancel()
+        if task.cancelled() or not task.done():
+            self.cancel(ctx)
+            raise ShuttingDownError(
+                f"the server shut down before this request finished (it waits {self.drain.grace_s:g} s for running "
+                "requests); retry later"
+            )
+        return task.result()
 
     def shutdown(self) -> None:
         if self.scoring is not None:

@@ -22,8 +22,14 @@ code  ``error.type``                  when
                                       ``--max-prompt-tokens``
 409   ``invalid_request_error``       a conversation already answering a request (``conversation_busy``)
                                       or started twice (``conversation_exists``)
+408   ``invalid_request_error``       a connection sent part of a request head and not the rest within
+                                      ``--header-timeout`` (``request_timeout``; then it is closed)
 429   ``rate_limit_error``            the queue is full, or every stored conversation is in use;
                                       ``Retry-After`` says when to come back
+503   ``service_unavailable_error``   the server is shutting down (``server_shutting_down``: a queued
+                                      or new request, or one still running after ``--shutdown-grace``),
+                                      or serves ``--max-connections`` connections already
+                                      (``too_many_connections``); ``Retry-After`` says when to come back
 ====  ==============================  =================================================================
 """
 
@@ -44,10 +50,12 @@ from .request_id import REQUEST_ID_HEADER, request_id
 from .schemas import UNENCODABLE_TEXT, UNSERVED_FIELD
 
 __all__ = [
+    "SHUTDOWN_RETRY_AFTER",
     "AuthenticationError",
     "ConflictError",
     "OverloadedError",
     "RequestTooLargeError",
+    "ShuttingDownError",
     "TooManyConversationsError",
     "error_body",
     "error_response",
@@ -99,6 +107,29 @@ class TooManyConversationsError(OverloadedError):
     code = "too_many_conversations"
 
 
+class ShuttingDownError(SpecPrefillError):
+    """The server is shutting down: the request was refused, or it outlived the shutdown's grace period.
+
+    ``retry_after`` is `SHUTDOWN_RETRY_AFTER`: a load balancer has then sent the retry to another
+    instance, or a supervisor has started this one again.
+    """
+
+    status_code = 503
+    error_type = "service_unavailable_error"
+    code = "server_shutting_down"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = SHUTDOWN_RETRY_AFTER if retry_after is None else retry_after
+
+
+#: ``Retry-After`` of an answer refused at shutdown, in seconds (see `ShuttingDownError`).
+SHUTDOWN_RETRY_AFTER = 5
+
+#: The errors whose answer carries ``Retry-After`` (their ``retry_after``).
+_RETRY_LATER = (OverloadedError, ShuttingDownError)
+
+
 _HTTP_TYPES: dict[int, tuple[str, str | None]] = {
     400: ("invalid_request_error", "invalid_request"),
     401: ("invalid_request_error", "invalid_api_key"),
@@ -118,7 +149,7 @@ def error_body(message: str, error_type: str, *, param: str | None = None, code:
 def error_response(exc: SpecPrefillError) -> JSONResponse:
     """A JSON response for an SDK error, with its status and (for 429/401) the matching header."""
     headers: dict[str, str] = {}
-    if isinstance(exc, OverloadedError):
+    if isinstance(exc, _RETRY_LATER):
         headers["Retry-After"] = str(exc.retry_after)
     if isinstance(exc, AuthenticationError):
         headers["WWW-Authenticate"] = "Bearer"

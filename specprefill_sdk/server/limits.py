@@ -2,7 +2,8 @@
 
 `Admission` lets ``max_concurrency`` requests do model work at once and ``max_queue`` more wait;
 anything beyond is refused at once with `OverloadedError` (HTTP 429 with ``Retry-After``), so an
-overload costs a small JSON answer instead of memory.
+overload costs a small JSON answer instead of memory. At shutdown `Admission.close` refuses the
+waiting and later requests (503), and `Drain` tells the running ones when their grace period is over.
 
 `GuardMiddleware` runs before routing: it refuses bodies larger than ``max_body_bytes`` (413),
 with API keys configured any ``/v1``, ``/metrics`` or vLLM's ``/tokenize`` and ``/detokenize``
@@ -13,6 +14,7 @@ whose ``Host`` is not a loopback name (403, `HostCheck`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import hmac
 import ipaddress
 import json
@@ -25,12 +27,13 @@ from typing import Any
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, error_body
+from .errors import AuthenticationError, OverloadedError, RequestTooLargeError, ShuttingDownError, error_body
 
 __all__ = [
     "AUTHENTICATED_KEY",
     "Admission",
     "AdmissionStats",
+    "Drain",
     "GuardMiddleware",
     "HostCheck",
     "Ticket",
@@ -70,6 +73,9 @@ class Ticket:
 class Admission:
     """A bounded queue: ``max_concurrency`` running, ``max_queue`` waiting, the rest refused.
 
+    Slots go to waiting requests in their order of arrival. `close` (at shutdown) refuses the
+    waiting requests and every later one with `ShuttingDownError`.
+
     Example::
 
         admission = Admission(max_concurrency=1, max_queue=8)
@@ -88,12 +94,16 @@ class Admission:
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self._running = 0
-        self._waiting = 0
-        self._semaphore: asyncio.Semaphore | None = None
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._closed: ShuttingDownError | None = None
         #: Requests refused because the queue was full (429), since the start.
         self.rejected = 0
         # Smoothed service time of one request, for the Retry-After estimate.
         self._service_s = 1.0
+
+    @property
+    def _waiting(self) -> int:
+        return len(self._waiters)
 
     def stats(self) -> AdmissionStats:
         return AdmissionStats(self._running, self._waiting, self.max_concurrency, self.max_queue)
@@ -104,9 +114,14 @@ class Admission:
         return max(1, min(60, math.ceil(self._service_s * max(backlog, 1.0))))
 
     async def acquire(self) -> Ticket:
-        """Wait for a slot, or raise `OverloadedError` at once when the queue is full."""
-        if self._semaphore is None:
-            self._semaphore = asyncio.Semaphore(self.max_concurrency)
+        """Wait for a slot, or raise `OverloadedError` at once when the queue is full.
+
+        Raises:
+            OverloadedError: the queue is full (429).
+            ShuttingDownError: the admission is closed, or closed while the request waited (503).
+        """
+        if self._closed is not None:
+            raise ShuttingDownError(self._closed.message)
         if self._running + self._waiting >= self.max_concurrency + self.max_queue:
             self.rejected += 1
             raise OverloadedError(
@@ -114,12 +129,19 @@ class Admission:
                 retry_after=self.retry_after(),
             )
         queued = time.perf_counter()
-        self._waiting += 1
-        try:
-            await self._semaphore.acquire()
-        finally:
-            self._waiting -= 1
-        self._running += 1
+        if self._running < self.max_concurrency and not self._waiters:
+            self._running += 1
+        else:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                    self._give_back()  # granted, then cancelled before it resumed: the slot goes on
+                elif waiter in self._waiters:
+                    self._waiters.remove(waiter)
+                raise
         started = time.perf_counter()
         return Ticket(started=started, waited=started - queued)
 
@@ -128,11 +150,65 @@ class Admission:
         if ticket.released:
             return
         ticket.released = True
-        self._running -= 1
         elapsed = time.perf_counter() - ticket.started
         self._service_s = 0.8 * self._service_s + 0.2 * elapsed
-        assert self._semaphore is not None
-        self._semaphore.release()
+        self._give_back()
+
+    def close(self, message: str) -> None:
+        """Refuse the waiting requests and every later one with `ShuttingDownError` (``message``).
+
+        Running requests keep their slots until they release them.
+        """
+        self._closed = ShuttingDownError(message)
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ShuttingDownError(message))
+
+    @property
+    def closed(self) -> bool:
+        """Whether `close` was called."""
+        return self._closed is not None
+
+    def _give_back(self) -> None:
+        # The slot passes straight to the first waiter: none that arrives meanwhile can take it.
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._running -= 1
+
+
+class Drain:
+    """The server's shutdown as requests see it: `begin` starts it, `over` ends when its grace period has passed.
+
+    Example::
+
+        drain = Drain(grace_s=20.0)
+        drain.begin()             # at SIGTERM, on the event loop
+        await drain.over()        # 20 s later
+    """
+
+    def __init__(self, grace_s: float) -> None:
+        self.grace_s = grace_s
+        self._over = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the shutdown began."""
+        return self._timer is not None or self._over.is_set()
+
+    def begin(self) -> None:
+        """Start the grace period (on the event loop; a second call does nothing)."""
+        if self.started:
+            return
+        self._timer = asyncio.get_running_loop().call_later(self.grace_s, self._over.set)
+
+    async def over(self) -> None:
+        """Return once the grace period has passed (never, while no shutdown began)."""
+        await self._over.wait()
 
 
 @dataclass(frozen=True)
