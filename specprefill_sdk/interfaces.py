@@ -5,7 +5,9 @@ them, the side interfaces that some stages offer and drivers use when they are t
 draft model (`ModelScorer`, `LookAheadScorer`, `DraftModelScorer`), a draft that can keep its cache
 across conversation turns (`IncrementalScorer`), a backend that keeps KV state (`SessionBackend`),
 a backend's provider and server address for traces (`ProviderBackend`, `RemoteBackend`), a backend
-that runs a loaded model in this process (`LocalBackend`), and a stage's execution settings (`Executed`).
+that runs a loaded model in this process (`LocalBackend`), a stage's execution settings (`Executed`),
+a stage that measures its own cost (`Calibrated`) and a selector that knows before scoring how many
+tokens it will keep (`KeepEstimating`), both for the pipeline's cost model.
 """
 
 from __future__ import annotations
@@ -19,15 +21,18 @@ from .types import Completion, CompletionChunk, CompressedPrompt, Prompt, Sampli
 if TYPE_CHECKING:
     import torch
 
+    from .cost import CostCurve, WarmUpReport
     from .models import LoadedModel
     from .runtime.settings import ExecutionSettings
 
 __all__ = [
     "Backend",
     "BackendCapabilities",
+    "Calibrated",
     "DraftModelScorer",
     "Executed",
     "IncrementalScorer",
+    "KeepEstimating",
     "LocalBackend",
     "LookAheadScorer",
     "ModelScorer",
@@ -296,4 +301,35 @@ class Executed(Protocol):
     @property
     def execution(self) -> ExecutionSettings:
         """How its passes run."""
+        ...
+
+
+@runtime_checkable
+class Calibrated(Protocol):
+    """A stage that compiles and measures its own passes at load (`TransformersBackend`, `DraftAttentionScorer`).
+
+    ``cost`` is what its pass costs for a prompt of ``n`` tokens on its hardware (None until
+    `warmup` measured it); the pipeline's cost model (`specprefill_sdk.cost`) reads a backend's and
+    a scorer's.
+    """
+
+    cost: CostCurve | None
+    warmed_up: WarmUpReport | None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether its passes run compiled."""
+        ...
+
+    def warmup(self, lengths: Sequence[int] | None = None) -> WarmUpReport:
+        """Run its passes at a few prompt lengths: compile now, and measure `cost`."""
+        ...
+
+
+@runtime_checkable
+class KeepEstimating(Protocol):
+    """A selector that says, before any score exists, how many tokens of a prompt it will keep."""
+
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """The tokens ``select`` will keep of ``prompt`` at most, as far as known without scores; None: unknown."""
         ...

@@ -19,15 +19,16 @@ import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 
 from ._aio import chunks_in_threads
 from ._timing import elapsed_ms
+from .cost import CostModel, WarmUpReport
 from .errors import ContextTooLongError, InvalidRequestError, RequestCancelledError
-from .interfaces import Backend, Scorer, Selector
+from .interfaces import Backend, Calibrated, KeepEstimating, Scorer, Selector
 from .prompt import PromptInput, build_prompt
 from .tracing import Finish, StageTrace, Telemetry, draft_name
 from .types import (
@@ -44,7 +45,7 @@ from .types import (
 if TYPE_CHECKING:
     from .conversation import Conversation
 
-__all__ = ["Compression", "Pipeline", "compress_prompts"]
+__all__ = ["Compression", "Pipeline", "PipelineWarmUp", "compress_prompts"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ def compress_prompts(
     fallback_on_scorer_error: bool = True,
     batch: bool = False,
     score: Callable[[list[int]], Sequence[TokenScores]] | None = None,
+    cost: CostModel | None = None,
 ) -> list[Compression]:
     """Score -> fallback -> select, for each prompt: the compress step of every driver.
 
@@ -67,9 +69,23 @@ def compress_prompts(
     ``fallback_on_scorer_error`` is False.
     ``score(indices)`` replaces the scorer's call for drivers that score another prompt than the one they
     select from (a conversation's draft session, a document read with its query); ``scorer`` names it.
+    ``cost``: before scoring, a prompt whose scoring plus kept prefill the model estimates no faster
+    than its dense prefill (`CostModel.decide`, with the selector's `KeepEstimating.expected_kept`) is
+    prefilled densely, unscored, with the fallback ``slower_than_dense: ...``; None: no such check.
     """
     trace = trace or StageTrace.off()
     decided = [selector.decide_without_scores(p) for p in prompts]
+    slower: dict[int, str] = {}
+    if cost is not None and isinstance(selector, KeepEstimating):
+        for i, p in enumerate(prompts):
+            kept = selector.expected_kept(p) if decided[i] is None else None
+            verdict = None if kept is None else cost.decide(p.n, kept)
+            if verdict is not None and verdict.dense:
+                slower[i] = verdict.reason
+                decided[i] = Selection.keep_all(p.n, reason="slower than dense")
+        if slower:
+            logger.debug("dense prefill of %d prompt(s): %s", len(slower), next(iter(slower.values())))
+            trace.dense_by_cost(len(slower))
     todo = [i for i, d in enumerate(decided) if d is None]
     scores: dict[int, TokenScores] = {}
     score_ms = 0.0
@@ -105,8 +121,23 @@ def compress_prompts(
             trace.selected(span, selection)
         used = decided[i] is None
         compressed = CompressedPrompt.from_selection(prompt, selection)
-        out.append(Compression(compressed, score_ms if used else 0.0, elapsed_ms(t0), fallback if used else None))
+        reason = fallback if used else slower.get(i)
+        out.append(Compression(compressed, score_ms if used else 0.0, elapsed_ms(t0), reason))
     return out
+
+
+@dataclass(frozen=True)
+class PipelineWarmUp:
+    """What `Pipeline.warmup` did: each stage's warm-up (None: the stage has none) and the seconds in all."""
+
+    seconds: float
+    backend: WarmUpReport | None
+    scorer: WarmUpReport | None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether any stage's passes run compiled (so the warm-up compiled them)."""
+        return any(r is not None and r.compiled for r in (self.backend, self.scorer))
 
 
 class Pipeline:
@@ -115,6 +146,12 @@ class Pipeline:
     A selector that decides without scores (keep rate 1.0, a dense decision for short prompts)
     skips the scorer. A scorer that fails makes the pipeline fall back to dense prefill; the
     `Completion` says so in ``fallback``. The scorer serializes its own use of its draft model.
+
+    ``dense_when_slower`` (on by default): once the backend's prefill and the scorer's pass have been
+    measured (`warmup`; `load_pipeline` runs it at load when the passes compile, on CUDA by default),
+    a prompt for which scoring plus the kept prefill would not beat a dense prefill is prefilled
+    densely without scoring, ``fallback="slower_than_dense: ..."`` (`cost_model`,
+    `specprefill_sdk.cost`). False: always compress as the selector says.
     """
 
     def __init__(
@@ -126,12 +163,63 @@ class Pipeline:
         tracer_provider: Any = None,
         meter_provider: Any = None,
         fallback_on_scorer_error: bool = True,
+        dense_when_slower: bool = True,
     ) -> None:
+        if not isinstance(dense_when_slower, bool):
+            raise InvalidRequestError(
+                f"dense_when_slower must be True or False, got {dense_when_slower!r}", param="dense_when_slower"
+            )
         self.scorer = scorer
         self.selector = selector
         self.backend = backend
         self.fallback_on_scorer_error = fallback_on_scorer_error
+        self.dense_when_slower = dense_when_slower
         self.telemetry = Telemetry(tracer_provider, meter_provider)
+        #: what `warmup` did, or None: it has not run on this pipeline
+        self.warmed_up: PipelineWarmUp | None = None
+
+    @property
+    def cost_model(self) -> CostModel | None:
+        """The backend's and the scorer's measured costs (`warmup`), or None: one of them is not measured."""
+        backend, scorer = self.backend, self.scorer
+        if not (isinstance(backend, Calibrated) and isinstance(scorer, Calibrated)):
+            return None
+        if backend.cost is None or scorer.cost is None:
+            return None
+        return CostModel(prefill=backend.cost, score=scorer.cost)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the backend's or the scorer's passes run compiled (`ExecutionSettings.compile`)."""
+        return any(isinstance(part, Calibrated) and part.compiled for part in (self.backend, self.scorer))
+
+    def warmup(self, lengths: Sequence[int] | None = None) -> PipelineWarmUp:
+        """Warm up the backend and the scorer (`Calibrated.warmup`): compile their passes, measure their costs.
+
+        Afterwards no request pays for compiling, and `cost_model` (the ``dense_when_slower`` check)
+        is known. ``lengths``: the prompt lengths each stage runs (default: the device's, see
+        `TransformersBackend.warmup`). Seconds and curves are logged and kept in `warmed_up`.
+        A stage that is not `Calibrated` (an HTTP backend, a baseline scorer) is left as it is; one
+        that has warmed up already (shared with another pipeline) is not run again unless ``lengths``
+        are given.
+        """
+        started = time.perf_counter()
+
+        def warm(part: object) -> WarmUpReport | None:
+            if not isinstance(part, Calibrated):
+                return None
+            if part.warmed_up is not None and lengths is None:
+                return part.warmed_up
+            return part.warmup(lengths)
+
+        backend, scorer = warm(self.backend), warm(self.scorer)
+        self.warmed_up = PipelineWarmUp(time.perf_counter() - started, backend, scorer)
+        logger.info(
+            "warmed up the pipeline in %.1f s%s",
+            self.warmed_up.seconds,
+            "" if self.cost_model is None else "; dense prefill is chosen where scoring would not pay",
+        )
+        return self.warmed_up
 
     @property
     def trace(self) -> StageTrace:
@@ -182,11 +270,21 @@ class Pipeline:
         batch: bool = False,
         score: Callable[[list[int]], Sequence[TokenScores]] | None = None,
     ) -> list[Compression]:
-        """`compress_prompts` with this pipeline's scorer, selector (or ``selector``), fallback and traces."""
+        """`compress_prompts` with this pipeline's scorer, selector (or ``selector``), fallback, costs, traces."""
         select = self.selector if selector is None else selector
         fallback = self.fallback_on_scorer_error
+        # The measured scoring cost is the scorer's own call: a driver's ``score`` (a draft session
+        # that reuses its cache) costs something else.
+        cost = self.cost_model if self.dense_when_slower and score is None else None
         return compress_prompts(
-            prompts, self.scorer, select, trace=self.trace, fallback_on_scorer_error=fallback, batch=batch, score=score
+            prompts,
+            self.scorer,
+            select,
+            trace=self.trace,
+            fallback_on_scorer_error=fallback,
+            batch=batch,
+            score=score,
+            cost=cost,
         )
 
     def compress(self, prompt: PromptInput | Prompt) -> CompressedPrompt:

@@ -487,6 +487,8 @@ def load_pipeline(
     tracer_provider: Any = None,
     meter_provider: Any = None,
     execution: ExecutionSettings | None = None,
+    warmup: bool | None = None,
+    dense_when_slower: bool = True,
     **overrides: Any,
 ) -> Pipeline:
     """Build a `Pipeline` from a policy: the policy's scorer and selector, a transformers backend.
@@ -502,6 +504,11 @@ def load_pipeline(
         execution: how the transformers backend and a draft-attention scorer run their passes
             (`ExecutionSettings`, e.g. ``ExecutionSettings(compile=True)``); None: the defaults.
             A deployment setting, not part of a policy; refused when backend and scorer are both given.
+        warmup: run `Pipeline.warmup` before returning (compile the passes, measure the cost model);
+            None (the default): when the backend's or the scorer's passes compile (on a CUDA device,
+            unless ``compile=False``), so that compiling happens here and not in a first request.
+        dense_when_slower: `Pipeline`'s check that prefills densely where the measured costs say
+            scoring would not pay; False turns it off.
         overrides: `Policy.with_overrides` keys, e.g. ``keep_rate=0.2``.
 
     Raises:
@@ -541,8 +548,20 @@ def load_pipeline(
         if isinstance(draft_spec, str) and pol.scorer.kind in MODEL_SCORERS:
             kwargs.update(device=device, dtype=dtype)
         scorer = pol.build_scorer(draft_spec, **kwargs)
+    if warmup is not None and not isinstance(warmup, bool):
+        raise InvalidRequestError(f"warmup must be True, False or None, got {warmup!r}", param="warmup")
     logger.info("pipeline: policy %s, selector %s, scorer %s", pol.name, selector.name, scorer.name)
-    return Pipeline(scorer, selector, backend, tracer_provider=tracer_provider, meter_provider=meter_provider)
+    pipe = Pipeline(
+        scorer,
+        selector,
+        backend,
+        tracer_provider=tracer_provider,
+        meter_provider=meter_provider,
+        dense_when_slower=dense_when_slower,
+    )
+    if warmup or (warmup is None and pipe.compiled):
+        pipe.warmup()
+    return pipe
 
 
 def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Scorer:

@@ -28,6 +28,7 @@ JSON_KEYS = {
     "selector",
     "reason",
     "fallback",
+    "warmup_s",
 }
 TIMING_KEYS = {"score", "select", "prefill", "ttft", "total"}
 

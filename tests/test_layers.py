@@ -64,6 +64,7 @@ LAYERS: dict[str, str] = {
     "_lazy": "floor",
     "_aio": "floor",
     "_timing": "floor",
+    "cost": "floor",
 }
 
 #: Rooms of one layer that must not know each other: (importer prefix, imported prefix).

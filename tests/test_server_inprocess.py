@@ -6,6 +6,7 @@ The apps share the session's loaded SmolLM2 (no second copy of the weights).
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -248,16 +249,23 @@ def test_the_default_warm_up_follows_what_compiles_and_where() -> None:
 
     import torch
 
+    from specprefill_sdk import ExecutionSettings
     from specprefill_sdk.server import DEFAULT_WARMUP_TOKENS
     from specprefill_sdk.server.app import default_warmup_tokens
 
-    def backend(device: str, compiles: bool) -> Any:
+    def backend(device: str, compiles: bool | None) -> Any:
         # what a LocalBackend declares: its loaded model and its device
-        return SimpleNamespace(loaded=None, device=torch.device(device), execution=SimpleNamespace(compile=compiles))
+        return SimpleNamespace(loaded=None, device=torch.device(device), execution=ExecutionSettings(compile=compiles))
 
-    compiling_scorer = SimpleNamespace(execution=SimpleNamespace(compile=True))
+    compiling_scorer = SimpleNamespace(execution=ExecutionSettings(compile=True))
+    plain_scorer = SimpleNamespace(execution=ExecutionSettings(compile=False))
     assert default_warmup_tokens(backend("cuda", True), None) == DEFAULT_WARMUP_TOKENS  # a given backend
     assert default_warmup_tokens(backend("cuda", False), compiling_scorer) == DEFAULT_WARMUP_TOKENS
     assert default_warmup_tokens(backend("cuda", False), None, compile=True) == DEFAULT_WARMUP_TOKENS
-    assert default_warmup_tokens(backend("cuda", False), SimpleNamespace(execution=SimpleNamespace(compile=False))) == 0
+    assert default_warmup_tokens(backend("cuda", False), plain_scorer) == 0
     assert default_warmup_tokens(backend("cpu", True), compiling_scorer, compile=True) == 0
+    # auto (the default) compiles on CUDA, so the server warms up there without being asked
+    auto = SimpleNamespace(execution=ExecutionSettings())
+    if "SPECPREFILL_COMPILE" not in os.environ:
+        assert default_warmup_tokens(backend("cuda", None), auto) == DEFAULT_WARMUP_TOKENS
+    assert default_warmup_tokens(backend("cpu", None), auto) == 0

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from .._timing import elapsed_ms as _ms
+from ..cost import CostCurve, WarmUpReport, measure_curve, warmup_lengths, warmup_token_ids
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
@@ -38,6 +39,7 @@ from ..types import (
     CompletionChunk,
     CompressedPrompt,
     FinishReason,
+    Prompt,
     SamplingParams,
     Timings,
     Usage,
@@ -151,8 +153,9 @@ class TransformersBackend(BackendBase):
             ``fused_norms`` (the norms inside this backend's passes, where short prompts on a GPU
             are bound by the host's kernel launches), ``lean`` (a prefill into an empty cache, one
             row in position order, computed from the weights) and ``compile`` (that prefill's
-            element-wise work fused by `torch.compile`, CUDA only, weights packed in place as for
-            the scorer). Any other field set away from its default is refused. None: the defaults.
+            element-wise work fused by `torch.compile`, weights packed in place as for the scorer;
+            by default on for a CUDA device, `ExecutionSettings.compile`). Any other field set away
+            from its default is refused. None: the defaults. `warmup` compiles and measures.
 
     Example::
 
@@ -204,14 +207,18 @@ class TransformersBackend(BackendBase):
         self.vocab_size = int(net.get_input_embeddings().num_embeddings)
         self._eos = frozenset(self.loaded.eos_token_ids)
         self._mask_kinds, self._sliding_window = self._layer_kinds(net.config)
-        compiled = run.compile and self.device.type == "cuda"
-        if run.compile and not compiled:
+        compiled = run.compiles(self.device)
+        if run.compile is True and not compiled:
             logger.info("compile=True has no effect on %s: the backend's passes run uncompiled", self.device)
         self._lean = (
             LeanModel.build(net, fused=run.fused_norms, compiled=compiled, packed=compiled)
             if run.lean and not self._pass_cache_position
             else None
         )
+        #: the dense prefill's measured cost on this hardware (`warmup`), or None: not measured
+        self.cost: CostCurve | None = None
+        #: what `warmup` did, or None: it has not run
+        self.warmed_up: WarmUpReport | None = None
 
     # ----------------------------------------------------------------- properties
     @property
@@ -229,6 +236,41 @@ class TransformersBackend(BackendBase):
     @property
     def device(self) -> torch.device:
         return self.loaded.device
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the backend's long prefills run compiled (`ExecutionSettings.compile`, resolved for its device)."""
+        return self._lean is not None and self._lean.compiled
+
+    def warmup(self, lengths: Sequence[int] | None = None) -> WarmUpReport:
+        """Prefill dense prompts of a few lengths: compile what compiles now, and measure what a prefill costs.
+
+        ``lengths``: the prompt lengths (default: 1024, 4096 and 16384 tokens on CUDA, 128, 512 and
+        1024 elsewhere; capped at the context). On CUDA each length runs once untimed (compiling
+        there, when the passes compile) and twice timed. The fitted `CostCurve` becomes `cost`, the
+        report `warmed_up`; both are logged. `Pipeline.warmup` calls it.
+
+        Raises:
+            InvalidRequestError: a length that is not an integer >= 1.
+        """
+        started = time.perf_counter()
+        sizes = warmup_lengths(self.device, self.max_context - 2, lengths)
+        ids = warmup_token_ids(self.tokenizer, max(sizes))
+
+        def run(n: int) -> None:
+            self.generate(CompressedPrompt.dense(Prompt.from_token_ids(ids[:n])), SamplingParams(max_tokens=1))
+
+        cost = measure_curve(run, sizes, self.device, warm=self.device.type == "cuda")
+        self.cost = cost
+        self.warmed_up = WarmUpReport(repr(self), time.perf_counter() - started, cost, self.compiled)
+        logger.info(
+            "warmed up %s in %.1f s (%s): dense prefill %s",
+            self,
+            self.warmed_up.seconds,
+            "compiled" if self.compiled else "not compiled",
+            cost.describe(),
+        )
+        return self.warmed_up
 
     def __repr__(self) -> str:
         return f"TransformersBackend({self.model_name!r}, device={str(self.device)!r}, dtype={self.loaded.dtype})"

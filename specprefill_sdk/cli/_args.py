@@ -30,7 +30,10 @@ DEFAULT_MODEL = "smollm2-135m"
 
 
 def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, *, compile_help: str = "") -> None:
-    """``--model``, ``--draft``, ``--device``, ``--dtype`` and, with ``compile_help``, ``--compile``."""
+    """``--model``, ``--draft``, ``--device``, ``--dtype`` and, with ``compile_help``, ``--compile``/``--no-compile``.
+
+    ``args.compile`` is True, False or None (neither given: auto, `ExecutionSettings.compile`).
+    """
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
@@ -40,7 +43,7 @@ def add_model_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1 ... (default: auto)")
     parser.add_argument("--dtype", default="auto", help="bfloat16, float16, float32 (default: auto)")
     if compile_help:
-        parser.add_argument("--compile", action="store_true", help=compile_help)
+        parser.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=compile_help)
 
 
 def _argument(parse: Callable[[str], object], check: Callable[[object], T], name: str) -> Callable[[str], T]:

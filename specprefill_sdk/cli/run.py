@@ -40,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``run`` options to ``parser``."""
     models = parser.add_argument_group("models")
     add_model_options(
-        models, compile_help="fuse element-wise work with torch.compile (CUDA only; the first long prompt compiles)"
+        models,
+        compile_help="fuse element-wise work with torch.compile (default: on for a CUDA device, off elsewhere; "
+        "compiling happens at load, tens of seconds once per process: --no-compile for a one-off run)",
     )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()
@@ -165,6 +167,8 @@ def _json_result(completion: Completion, pipe: Pipeline, policy: str) -> dict[st
         "selector": pipe.selector.name,
         "reason": selection.reason if selection is not None else None,
         "fallback": completion.fallback,
+        # seconds `Pipeline.warmup` took at load (compiling, measuring costs); None: it did not run
+        "warmup_s": None if pipe.warmed_up is None else round(pipe.warmed_up.seconds, 3),
     }
 
 
@@ -185,6 +189,8 @@ def _stats_table(completion: Completion, pipe: Pipeline, policy: str) -> Any:
     table.add_row("model / draft", f"{completion.model or pipe.backend.model_name} / {draft}")
     if completion.fallback:
         table.add_row("fallback", completion.fallback)
+    if pipe.warmed_up is not None:
+        table.add_row("warm-up at load", f"{pipe.warmed_up.seconds:,.1f} s")
     for label, value in (
         ("score", t.score),
         ("select", t.select),
@@ -221,7 +227,7 @@ def main(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             tracer_provider=tracer_provider,
             meter_provider=meter_provider,
-            execution=ExecutionSettings(compile=True) if getattr(args, "compile", False) else None,
+            execution=None if getattr(args, "compile", None) is None else ExecutionSettings(compile=args.compile),
         )
         prompt = _build_prompt(pipe, given, args.chat_template)
         sampling = {"max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed}

@@ -92,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     first = len(parser._actions)
     add_model_options(
         parser,
-        compile_help="fuse the draft's and the target's element-wise work with torch.compile (CUDA only; the "
-        "first long prompts compile, tens of seconds: see --warmup-tokens)",
+        compile_help="fuse the draft's and the target's element-wise work with torch.compile (default: on for a "
+        "CUDA device, off elsewhere; it compiles at start, tens of seconds; --no-compile turns it off)",
     )
     parser.add_argument("--policy", help=f"default policy preset (default: {_D.policy})")
     parser.add_argument("--host", help=f"address to bind (default: {_D.host})")
@@ -182,7 +182,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=non_negative_int,
         default=None,
         help="before accepting requests, serve one prompt of this many tokens and prefill it whole, so that "
-        f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} with --compile on a GPU, else 0)",
+        f"compiling happens at start; 0: none (default: {DEFAULT_WARMUP_TOKENS} when compiling on a GPU, else 0)",
     )
     parser.add_argument(
         "--metrics",

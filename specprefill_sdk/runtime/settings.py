@@ -3,7 +3,7 @@
 What a scorer computes is set by its own arguments (look-ahead, pool, layers); how its passes run
 (kernels, compilation, CUDA graphs, batching) is this one object, shared with the backend::
 
-    execution = ExecutionSettings(compile=True)
+    execution = ExecutionSettings(compile=False)   # None (the default): compiled on CUDA, not elsewhere
     backend = TransformersBackend("smollm2-135m", execution=execution)
     scorer = DraftAttentionScorer(backend.loaded, look_ahead=8, execution=execution)
 
@@ -13,7 +13,8 @@ None of these settings changes what is computed beyond the last bits of floating
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, fields
 from typing import Any
@@ -22,7 +23,52 @@ from ..errors import InvalidRequestError
 from ..validation import check_int
 from .attention import DEFAULT_ATTENTION_BACKENDS, check_attention_backends
 
-__all__ = ["ExecutionSettings"]
+__all__ = ["COMPILE_ENV", "ExecutionSettings", "compile_enabled"]
+
+#: The variable that decides ``compile=None`` (auto): ``0``/``false``/``no``/``off`` turns compiling
+#: off in every process that reads it (the server's ``SPECPREFILL_COMPILE`` is the same variable);
+#: ``1``/``true``/``yes``/``on`` keeps it on (CUDA only, as always). Unset or empty: auto.
+COMPILE_ENV = "SPECPREFILL_COMPILE"
+_ON = ("1", "true", "yes", "on")
+_OFF = ("0", "false", "no", "off")
+
+
+def compile_enabled(compile: bool | None, device: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether passes on ``device`` run compiled for a ``compile`` setting (True, False, or None: auto).
+
+    Compiled passes exist on CUDA devices only, so on any other device (``"cpu"``, ``"mps"``) the
+    answer is False whatever was asked. On CUDA, True and False are taken as given; None (auto) is
+    on unless `COMPILE_ENV` in ``environ`` (default: the process's environment) turns it off.
+
+    Example::
+
+        compile_enabled(None, "cuda:0")  # True
+        compile_enabled(None, "cpu")     # False
+        compile_enabled(False, "cuda")   # False
+
+    Raises:
+        InvalidRequestError: ``compile`` is not True, False or None, or the variable holds something else
+            than a switch.
+    """
+    _check_switch(compile)
+    kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
+    if kind != "cuda" or compile is False:
+        return False
+    if compile is True:
+        return True
+    text = (os.environ if environ is None else environ).get(COMPILE_ENV, "").strip().lower()
+    if text in _OFF:
+        return False
+    if text in _ON or not text or text == "auto":
+        return True
+    raise InvalidRequestError(
+        f"{COMPILE_ENV} must be 1/true/yes/on, 0/false/no/off or auto, got {text!r}", param=COMPILE_ENV
+    )
+
+
+def _check_switch(compile: object) -> None:
+    if compile is not None and not isinstance(compile, bool):
+        raise InvalidRequestError(f"compile must be True, False or None (auto), got {compile!r}", param="compile")
 
 
 @dataclass(frozen=True)
@@ -50,9 +96,14 @@ class ExecutionSettings:
             and long prefills, the backend's long prefills. Each layer's query/key/value and gate/up
             weights are then stored in one buffer per layer, in place (the parameters become views of
             it: same values, no memory added), so that a scorer and a backend sharing a model hold
-            one copy. The first long pass compiles, once per process (tens of seconds).
-            Element-wise chains round once instead of after each operation, so results differ in
-            the last bits. Elsewhere than on CUDA it changes nothing (logged).
+            one copy. Compiling takes tens of seconds, once per process: `load_pipeline` (and so
+            `Pipeline.from_policy`, the CLI and the server) runs `Pipeline.warmup` at load when the
+            passes compile, so that no user's first request pays it; a pipeline built by hand does
+            so when `Pipeline.warmup` is called (or in its first long prompts). Element-wise chains
+            round once instead of after each operation, so results differ in the last bits.
+            ``None`` (the default) is auto: on for a CUDA device, off elsewhere, and off when the
+            `COMPILE_ENV` variable says ``0`` (`compile_enabled`); ``False`` turns it off. ``True``
+            elsewhere than on CUDA changes nothing (logged).
         cuda_graph: on a CUDA device, replay the scorer's look-ahead decode steps as a CUDA graph
             (captured on first use, kept for later prompts that fit; `release` frees it): the steps
             then cost about what their memory traffic costs instead of what launching them costs.
@@ -73,19 +124,24 @@ class ExecutionSettings:
 
     fused_norms: bool = True
     lean: bool = True
-    compile: bool = False
+    compile: bool | None = None
     cuda_graph: bool = True
     attention_backends: tuple[str, ...] | None = DEFAULT_ATTENTION_BACKENDS
     max_batch_tokens: int = 16384
 
     def __post_init__(self) -> None:
-        for name in ("fused_norms", "lean", "compile", "cuda_graph"):
+        _check_switch(self.compile)
+        for name in ("fused_norms", "lean", "cuda_graph"):
             value = getattr(self, name)
             if not isinstance(value, bool):
                 raise InvalidRequestError(f"{name} must be True or False, got {value!r}", param=name)
         backends: Sequence[str] | None = self.attention_backends
         object.__setattr__(self, "attention_backends", check_attention_backends(backends))
         check_int(self.max_batch_tokens, "max_batch_tokens", param="max_batch_tokens", minimum=1)
+
+    def compiles(self, device: Any) -> bool:
+        """Whether passes on ``device`` run compiled under these settings (`compile_enabled` of ``compile``)."""
+        return bool(self.lean) and compile_enabled(self.compile, device)
 
     def refuse_unused(self, used: AbstractSet[str], component: str) -> None:
         """Refuse fields set away from their defaults that ``component`` does not read.

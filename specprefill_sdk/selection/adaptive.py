@@ -9,7 +9,7 @@ import torch
 from ..errors import InvalidRequestError
 from ..types import Prompt
 from ..validation import check_int, check_rate
-from .base import Budget, BudgetSelector, ceil_count
+from .base import Budget, BudgetSelector, ceil_count, prompt_protected
 
 __all__ = ["Adaptive"]
 
@@ -78,6 +78,13 @@ class Adaptive(BudgetSelector):
             reason=f"adaptive: {self.coverage:g} of the score mass in {wanted} tokens{note}",
             by_rate=False,
         )
+
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """At most ``max_rate`` of the prompt (all of it below ``dense_below_tokens``): the rest needs scores."""
+        n = prompt.n
+        if n < self.dense_below_tokens:
+            return n
+        return min(n, max(1, ceil_count(self.max_rate * n), int(prompt_protected(prompt).sum())))
 
     def _covering_count(self, values: torch.Tensor) -> int:
         """The fewest tokens whose scores sum to ``coverage`` of the total."""

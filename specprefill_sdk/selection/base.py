@@ -163,6 +163,12 @@ class BudgetSelector(ABC):
             return dense_selection(forced, budget.reason, requested_rate=budget.rate)
         return None
 
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """The budget's token count when it is known without scores (protected tokens count toward it), else None."""
+        forced = prompt_protected(prompt)
+        budget = self.budget(prompt, None, forced)
+        return None if budget is None else max(budget.count, int(forced.sum()))
+
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the top-scored tokens within the budget (plus ``prompt.protected``)."""
         return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))

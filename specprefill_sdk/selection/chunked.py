@@ -93,6 +93,18 @@ class Chunked:
             return dense_selection(forced, reason, requested_rate=budget.rate, chunk_size=self.size)
         return None
 
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """The chunk budget in tokens (whole chunks), when the inner budget is known without scores."""
+        estimate = self.inner.expected_kept(prompt)
+        if estimate is None:
+            return None
+        forced = prompt_protected(prompt)
+        budget = self.inner.budget(prompt, None, forced)
+        if budget is None:  # a budget known only from scores: its upper estimate, rounded to chunks
+            return min(prompt.n, ceil_count(estimate / self.size) * self.size)
+        _, keep = self._chunks_to_keep(prompt.n, budget)
+        return min(prompt.n, max(keep * self.size, int(forced.sum())))
+
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the best chunks within the inner selector's rate (plus ``prompt.protected``)."""
         return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))

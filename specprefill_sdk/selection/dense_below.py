@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import InvalidRequestError
-from ..interfaces import Selector
+from ..interfaces import KeepEstimating, Selector
 from ..types import Prompt, Selection, TokenScores
 from ..validation import check_int
 from .base import FillSelector, dense_selection, prompt_protected, score_values, selection_from_mask
@@ -53,6 +53,12 @@ class DenseBelow:
             forced = mask(prompt) if callable(mask) else prompt_protected(prompt)
             return self._dense(prompt, forced)
         return self.inner.decide_without_scores(prompt)
+
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """Every token of a short prompt, else ``inner``'s estimate (None when it cannot say)."""
+        if prompt.n < self.tokens:
+            return prompt.n
+        return self.inner.expected_kept(prompt) if isinstance(self.inner, KeepEstimating) else None
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Dense for short prompts, else ``inner.select``."""

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..errors import InvalidRequestError
-from ..interfaces import Selector
+from ..interfaces import KeepEstimating, Selector
 from ..types import TEMPLATE_ROLE, Prompt, Selection, TokenScores
 from ..validation import check_int
 from .base import FillSelector, bool_tensor, dense_selection, prompt_protected, selection_from_mask
@@ -161,6 +161,18 @@ class Protect:
             reason=decided.reason,
             dense=decided.dense,
         )
+
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """``inner``'s estimate, or the protected tokens when they are more (None when ``inner`` cannot say)."""
+        if not isinstance(self.inner, KeepEstimating):
+            return None
+        estimate = self.inner.expected_kept(prompt)
+        if estimate is None:
+            return None
+        forced = int(self.mask(prompt).sum())
+        # protected tokens count toward a fill selector's budget, and come on top of another's
+        total = max(estimate, forced) if isinstance(self.inner, FillSelector) else estimate + forced
+        return min(prompt.n, total)
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the protected tokens and let ``inner`` fill the rest of its budget."""

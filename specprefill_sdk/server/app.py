@@ -38,7 +38,7 @@ from starlette.types import Receive, Scope, Send
 from .. import __version__
 from ..conversation import STRATEGIES
 from ..errors import InvalidRequestError, NotFoundError, SpecPrefillError
-from ..interfaces import Backend, Executed, LocalBackend, Scorer
+from ..interfaces import Backend, Calibrated, Executed, LocalBackend, Scorer
 from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt
@@ -132,7 +132,7 @@ def create_app(
         SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
     """
     config = _config(config, settings)
-    execution = ExecutionSettings(compile=True) if config.compile else None
+    execution = None if config.compile is None else ExecutionSettings(compile=config.compile)
     draft_device = config.device
     owned: Backend | None = None  # a backend loaded here is closed here, at shutdown
     if backend is None:
@@ -226,6 +226,7 @@ def create_app(
             cancelled_streams=engine.cancelled_streams,
             conversations=len(engine.conversations),
             warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
+            load_warmup_seconds=_load_warmup_seconds(engine.backend, engine._base_scorer),
             scoring=scoring,
         )
 
@@ -275,15 +276,24 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema or {}
 
 
-def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool = False) -> int:
+def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool | None = None) -> int:
     """`DEFAULT_WARMUP_TOKENS` when something compiles on a GPU, else 0.
 
-    Something compiles when ``compile`` was asked for, or when the given backend or scorer was built
-    with ``ExecutionSettings(compile=True)``; it is on a GPU when the backend's device is a CUDA device.
+    Something compiles when ``compile`` is True, or when the given backend's or scorer's
+    `ExecutionSettings` compile on the backend's device (``compile=None``, the default, does on a
+    CUDA device: `ExecutionSettings.compiles`); it is on a GPU when that device is a CUDA device.
     """
-    compiles = compile or any(isinstance(part, Executed) and part.execution.compile for part in (backend, scorer))
-    on_cuda = isinstance(backend, LocalBackend) and backend.device.type == "cuda"
-    return DEFAULT_WARMUP_TOKENS if compiles and on_cuda else 0
+    if not isinstance(backend, LocalBackend) or backend.device.type != "cuda":
+        return 0
+    parts = (backend, scorer)
+    compiles = compile is True or any(isinstance(p, Executed) and p.execution.compiles(backend.device) for p in parts)
+    return DEFAULT_WARMUP_TOKENS if compiles else 0
+
+
+def _load_warmup_seconds(*parts: object) -> float | None:
+    """Seconds the stages' own warm-ups took at load (`Pipeline.warmup`), or None: none ran."""
+    reports = [p.warmed_up for p in parts if isinstance(p, Calibrated) and p.warmed_up is not None]
+    return round(sum(r.seconds for r in reports), 3) if reports else None
 
 
 async def _sweep_conversations(engine: ServingEngine) -> None:

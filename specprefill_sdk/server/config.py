@@ -117,8 +117,9 @@ class ServerConfig:
         max_sessions: conversations kept at once (the least recently used idle one is evicted for a
             new one; 0: conversations are not served).
         session_strategy: the strategy of a conversation whose first request names none.
-        compile: build the backend and the draft scorer compiled (CUDA only; see
-            `DraftAttentionScorer`): the first long prompts compile, once per process.
+        compile: build the backend and the draft scorer compiled (`ExecutionSettings.compile`):
+            None (the default) compiles on a CUDA device and not elsewhere, False never; the
+            passes compile at start (`Pipeline.warmup`), not in a first request.
         warmup_tokens: serve one request of this many prompt tokens before accepting any, so that
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
         metrics: serve Prometheus metrics at ``GET /metrics`` (``specprefill_sdk.server.metrics``); off:
@@ -166,7 +167,7 @@ class ServerConfig:
     session_ttl: float = DEFAULT_SESSION_TTL
     max_sessions: int = DEFAULT_MAX_SESSIONS
     session_strategy: str = DEFAULT_SESSION_STRATEGY
-    compile: bool = False
+    compile: bool | None = None
     warmup_tokens: int | None = None
     metrics: bool = False
     scoring_queue: bool | None = None
@@ -263,7 +264,9 @@ class ServerConfig:
                 f"session_strategy must be one of {', '.join(STRATEGIES)}, got {self.session_strategy!r}",
                 param="session_strategy",
             )
-        for name in ("compile", "metrics"):
+        if self.compile is not None and not isinstance(self.compile, bool):
+            raise InvalidRequestError(f"compile must be true, false or auto, got {self.compile!r}", param="compile")
+        for name in ("metrics",):
             if not isinstance(getattr(self, name), bool):
                 raise InvalidRequestError(f"{name} must be true or false, got {getattr(self, name)!r}", param=name)
         if self.log_level not in LOG_LEVELS:
@@ -418,7 +421,7 @@ def _check_names(values: Mapping[str, Any]) -> None:
 def _from_text(text: str, kind: str, name: str) -> Any:
     """``text`` read as a field of type ``kind`` (its annotation, as written above)."""
     text = text.strip()
-    if kind.endswith("| None") and text.lower() in ("", "none"):
+    if kind.endswith("| None") and text.lower() in ("", "none", "auto"):
         return None
     base = kind.removesuffix(" | None")
     try:

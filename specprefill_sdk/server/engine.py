@@ -430,6 +430,7 @@ class ServingEngine:
                 tracer_provider=trace.NoOpTracerProvider(),
                 meter_provider=metrics.NoOpMeterProvider(),
                 fallback_on_scorer_error=False,  # a failing draft fails the warm-up, not falls back
+                dense_when_slower=False,  # the warm-up runs the draft whatever the costs say
             )
             per_sentence = max(1, pipeline.prompt(_WARMUP_SENTENCE * 8).n // 8)
             repeats = max(1, limit // per_sentence)

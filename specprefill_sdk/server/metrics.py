@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from ..cost import SLOWER_THAN_DENSE
 from ..types import Completion
 
 if TYPE_CHECKING:
@@ -44,8 +45,9 @@ __all__ = [
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 #: ``specprefill:fallbacks_total``'s reasons: the draft failed, the prompt was shorter than the
-#: policy's ``dense_below_tokens``, or the request turned compression off (``specprefill.enabled``).
-FALLBACK_REASONS = ("scorer_error", "dense_below", "disabled")
+#: policy's ``dense_below_tokens``, the request turned compression off (``specprefill.enabled``), or
+#: the measured costs said scoring would not beat a dense prefill (``Pipeline.dense_when_slower``).
+FALLBACK_REASONS = ("scorer_error", "dense_below", "disabled", SLOWER_THAN_DENSE)
 #: ``vllm:request_success_total``'s ``finished_reason`` values: a stop (EOS or a stop string), the
 #: ``max_tokens`` limit, or a stream stopped before its end (vLLM's ``abort``): the client left, or the
 #: generation failed mid-stream.
@@ -98,6 +100,8 @@ def fallback_reason(completion: Completion, *, disabled: bool = False) -> str | 
         return "disabled"
     if completion.fallback is not None and completion.fallback.startswith("scorer_error"):
         return "scorer_error"
+    if completion.fallback is not None and completion.fallback.startswith(SLOWER_THAN_DENSE):
+        return SLOWER_THAN_DENSE
     selection = completion.selection
     # `DenseBelow` ("dense below N tokens") and `Adaptive` ("adaptive: dense below N tokens") say so
     # in the reason of the dense selection they decide without scores; the selection has no other mark.

@@ -585,6 +585,11 @@ class HealthResponse(BaseModel):
     cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
     conversations: int = Field(0, description="Conversations stored on the server.")
     warmup: WarmUpReport | None = Field(None, description="The warm-up run at start (None: none ran).")
+    load_warmup_seconds: float | None = Field(
+        None,
+        description="Seconds the backend's and the draft's own warm-ups took at load: compiling their passes and "
+        "measuring what they cost, for the dense-when-slower check (None: none ran).",
+    )
     scoring: ScoringQueueReport | None = Field(None, description="The scoring queue (None: scoring is not queued).")
 
 

@@ -21,6 +21,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 from opentelemetry.trace import Span, SpanKind
 
+from ..cost import SLOWER_THAN_DENSE
 from ..interfaces import Backend, LookAheadScorer, ModelScorer, ProviderBackend, RemoteBackend, Scorer, Selector
 from ..types import Completion, CompletionChunk, CompressedPrompt, Compression, Prompt, SamplingParams, Selection
 from .telemetry import Telemetry, error_type, mark_cancelled, record_error, set_attributes
@@ -105,6 +106,10 @@ class StageTrace:
         """A scorer error that the compress step answers with dense prefill of ``count`` prompts."""
         span.add_event("specprefill.fallback", {"specprefill.fallback.reason": reason, "error.type": error_type(exc)})
         self.telemetry.fallbacks.add(count, self._fallback_attributes("scorer_error"))
+
+    def dense_by_cost(self, count: int) -> None:
+        """``count`` prompts prefilled densely, unscored, because the cost model found scoring would not pay."""
+        self.telemetry.fallbacks.add(count, self._fallback_attributes(SLOWER_THAN_DENSE))
 
     def scored(self, scorer: Scorer, ms: float) -> None:
         """Record the time of one scoring call."""

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ...cost import CostCurve, WarmUpReport, measure_curve, warmup_lengths, warmup_token_ids
 from ...errors import InvalidRequestError, SpecPrefillError
 from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, model_lock, text_config
 from ...runtime.attention import sdpa_context
@@ -63,7 +64,8 @@ class DraftAttentionScorer:
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
         execution: how the draft's passes run (`ExecutionSettings`: fused norms, lean and compiled
-            passes, the CUDA graph, the attention kernels, batch size); None: the defaults.
+            passes, the CUDA graph, the attention kernels, batch size); None: the defaults (compiled
+            on a CUDA device, `ExecutionSettings.compile`). `warmup` compiles and measures.
 
     For a model whose every layer attends globally (Llama, Qwen2, SmolLM2, ...) the look-ahead runs
     over fixed buffers and all look-ahead queries are scored at once after the last step; other
@@ -116,8 +118,8 @@ class DraftAttentionScorer:
         self._fixed_buffers = supports_fixed_buffers(model)
         if self._fixed_buffers and run.fused_norms:
             install_fused_norms(model)
-        compiled = run.compile and self.loaded.device.type == "cuda"
-        if run.compile and not compiled:
+        compiled = run.compiles(self.loaded.device)
+        if run.compile is True and not compiled:
             logger.info("compile=True has no effect on %s: the draft's passes run uncompiled", self.loaded.device)
         self._lean = (
             LeanModel.build(model, fused=run.fused_norms, compiled=compiled, packed=compiled)
@@ -131,6 +133,48 @@ class DraftAttentionScorer:
         self._same_vocab: bool | None = (
             None if target_tokenizer is None else same_vocabulary(self.loaded.tokenizer, target_tokenizer)
         )
+        #: the scoring pass's measured cost on this hardware (`warmup`), or None: not measured
+        self.cost: CostCurve | None = None
+        #: what `warmup` did, or None: it has not run
+        self.warmed_up: WarmUpReport | None = None
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the draft's passes run compiled (`ExecutionSettings.compile`, resolved for its device)."""
+        return self._lean is not None and self._lean.compiled
+
+    def warmup(self, lengths: Sequence[int] | None = None) -> WarmUpReport:
+        """Score prompts of a few lengths: compile and capture what does so now, and measure what scoring costs.
+
+        ``lengths``: the prompt lengths in draft tokens (default: 1024, 4096 and 16384 on CUDA, 128,
+        512 and 1024 elsewhere; capped at the draft's context). On CUDA each length runs once
+        untimed (compiling the passes, capturing the look-ahead's CUDA graph for that buffer size)
+        and twice timed. The fitted `CostCurve` (look-ahead steps included) becomes `cost`, the
+        report `warmed_up`; both are logged. `Pipeline.warmup` calls it.
+
+        Raises:
+            InvalidRequestError: a length that is not an integer >= 1.
+        """
+        started = time.perf_counter()
+        device = self.loaded.device
+        sizes = warmup_lengths(device, self.loaded.max_context - self.look_ahead, lengths)
+        ids = tuple(warmup_token_ids(self.loaded.tokenizer, max(sizes)))
+
+        def run(n: int) -> None:
+            with self.lock:
+                self._score_ids([ids[:n]])
+
+        cost = measure_curve(run, sizes, device, warm=device.type == "cuda")
+        self.cost = cost
+        self.warmed_up = WarmUpReport(repr(self), time.perf_counter() - started, cost, self.compiled)
+        logger.info(
+            "warmed up %s in %.1f s (%s): scoring %s",
+            self,
+            self.warmed_up.seconds,
+            "compiled" if self.compiled else "not compiled",
+            cost.describe(),
+        )
+        return self.warmed_up
 
     @property
     def depth(self) -> int:
@@ -187,9 +231,10 @@ class DraftAttentionScorer:
         """A scorer with other settings that shares this one's loaded draft model (and its lock).
 
         Each setting is kept unless given (``layers=scorer.depth`` asks for every layer again); a
-        scorer with fewer layers than the draft's and ``look_ahead`` above 1 is refused.
+        scorer with fewer layers than the draft's and ``look_ahead`` above 1 is refused. The measured
+        `cost` is kept when the look-ahead, the layers and the execution settings are the same.
         """
-        return DraftAttentionScorer(
+        variant = DraftAttentionScorer(
             self.loaded,
             look_ahead=self.look_ahead if look_ahead is None else look_ahead,
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
@@ -197,6 +242,10 @@ class DraftAttentionScorer:
             target_tokenizer=self.target_tokenizer,
             execution=self.execution if execution is None else execution,
         )
+        # What a pass costs depends on the look-ahead, the layers and how it runs, not on the pool.
+        if (variant.look_ahead, variant.layers, variant.execution) == (self.look_ahead, self.layers, self.execution):
+            variant.cost = self.cost
+        return variant
 
     def release(self) -> None:
         """Free the look-ahead buffers and CUDA graph kept between calls (they are rebuilt when needed).
