@@ -139,7 +139,7 @@ def test_missing_optional_dependency_and_missing_command_module() -> None:
         "from specprefill_sdk.cli import main; raise SystemExit(main(sys.argv[1:]))"
     )
     for args, fragments in (
-        (["serve", "--port", "0"], ("uvicorn", "specprefill-sdk[server]")),
+        (["serve", "--port", "0"], ("needs the module", "which is not installed", "specprefill-sdk[server]")),
         (["eval"], ("'eval' command is not available",)),
     ):
         result = subprocess.run(
