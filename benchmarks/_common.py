@@ -95,10 +95,11 @@ def write_json(out: str | Path, name: str, result: Any, indent: int = 1) -> Path
 
 
 def save_figure(fig: Any, path: str | Path) -> None:
-    """Save a matplotlib figure as every script does (tight layout, 120 dpi) and close it."""
+    """Save a matplotlib figure as every script does (tight layout unless it has its own, 120 dpi) and close it."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if fig.get_layout_engine() is None:  # a constrained figure has placed its legend outside already
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

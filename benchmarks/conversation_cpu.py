@@ -186,16 +186,18 @@ def plot(summary: dict[str, dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), layout="constrained")
     for name, s in summary.items():
         turns = range(1, len(s["per_turn"]) + 1)
         axes[0].plot(turns, [t["prefilled_tokens"] for t in s["per_turn"]], marker="o", label=name)
         axes[1].plot(turns, [t["ttft_ms"] for t in s["per_turn"]], marker="o", label=name)
     axes[0].set(title="target tokens prefilled per turn", xlabel="turn", ylabel="tokens", yscale="log")
-    axes[1].set(title="time to first token per turn", xlabel="turn", ylabel="ms", yscale="log")
+    axes[1].set(title="time to first token per turn", xlabel="turn", ylabel="time to first token (ms)", yscale="log")
     for ax in axes:
         ax.set_xticks(range(1, len(TURNS) + 1))
-    axes[0].legend(fontsize=8)
+    # One legend below both panels: inside the left one it covered the uncompressed line.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9, frameon=False)
     save_figure(fig, path)
 
 

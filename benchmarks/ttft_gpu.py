@@ -734,11 +734,12 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     pairs = list(dict.fromkeys(r["pair"] for r in result["rows"] if r.get("cells")))
     if not pairs:
         return
-    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(6.2 * len(pairs), 4.6), squeeze=False, layout="constrained")
     for ax, pair in zip(axes[0], pairs, strict=True):
         rows = [r for r in result["rows"] if r["pair"] == pair and r.get("cells")]
         combos = list(dict.fromkeys((c["keep_rate"], c["look_ahead"]) for r in rows for c in r["cells"]))
@@ -755,7 +756,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("TTFT speedup over full prefill (dotted: ceiling)")
         ax.set_title(f"{rows[0]['target']} / {rows[0]['draft']}", fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
+    # One legend for every panel, below them: inside a panel it covered lines.
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    handles.append(Line2D([], [], linestyle=":", color="black"))
+    labels.append("ceiling (dotted, same colour)")
+    fig.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=9, frameon=False)
     fig.suptitle(
         f"{result['environment'].get('gpu', result['environment']['device'])}, HF backend, bf16, batch 1", fontsize=10
     )

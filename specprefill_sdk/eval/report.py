@@ -124,7 +124,8 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
     rates = list(result.config.keep_rates)
     judged = any("contains" in v for rates_ in summary.values() for v in rates_.values())
     panels = [("recall", "evidence-token recall")] + ([("contains", "accuracy (contains)")] if judged else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    # Constrained layout makes room below the panels for the legend, which then covers no data.
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False, layout="constrained")
     methods = _methods(summary)
     cmap = plt.get_cmap("tab10")
     for ax, (metric, label) in zip(axes[0], panels, strict=True):
@@ -152,7 +153,8 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
         ax.set_ylabel(f"{label} (%)")
         ax.set_ylim(-3, 103)
         ax.grid(True, alpha=0.3)
-    axes[0][-1].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[0][-1].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False)
     cfg = result.config
     lengths = f"{min(cfg.lengths)}-{max(cfg.lengths)}" if len(cfg.lengths) > 1 else f"{cfg.lengths[0]}"
     fig.suptitle(
@@ -160,7 +162,6 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
         f"{len(cfg.tasks)} tasks, {lengths} tokens",
         fontsize=9,
     )
-    fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=120)
