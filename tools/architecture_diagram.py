@@ -93,7 +93,7 @@ LAYERS = [
     (
         "floor",
         "",
-        ["types · interfaces · errors · validation", "prompt · models · rendering · tracing/"],
+        ["types · interfaces · errors · validation", "prompt · models · rendering · cost · tracing/"],
     ),
 ]
 LAYER_COLORS = ["#ede9fe", "#e0f2fe", "#e0e7ff", "#dcfce7", "#fef9c3", "#f3f4f6"]
