@@ -821,6 +821,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import ScalarFormatter
 
     panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
               for length, row in s.get("lengths", {}).items() if row.get("vanilla")]  # fmt: skip
@@ -839,11 +840,15 @@ def plot(results: dict[str, Any], path: Path) -> None:
             ax.plot(rates, [r.get("p90_ttft_ms") for r in rows], "s--", color=color, label=f"{label} p90")
         if row.get("slo_p90_ttft_ms"):
             ax.axhline(row["slo_p90_ttft_ms"], color="tab:red", lw=1, ls=":", label="service level (p90)")
-        ax.set_xscale("log")
+        # linear rates (the sweep spans a few-fold range); log TTFT with plain numbers on the ticks
+        ax.set_xlim(left=0)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(ScalarFormatter())
+        ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_xlabel("request rate (req/s, Poisson)")
         ax.set_ylabel("TTFT (ms)")
-        ax.set_title(f"{key.removeprefix('sweep_')}: {int(length):,}-token prompts, 128 out")
+        pair = results["stages"][key].get("target", key.removeprefix("sweep_")).split(",")[0]
+        ax.set_title(f"{pair}: {int(length):,}-token prompts, 128 out", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
