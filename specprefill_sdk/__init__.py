@@ -38,6 +38,8 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "Timings",
             "Completion",
             "CompletionChunk",
+            "TokenLogprob",
+            "ToolCall",
         ),
         "errors": (
             "SpecPrefillError",
@@ -106,6 +108,8 @@ if TYPE_CHECKING:
         SamplingParams,
         Selection,
         Timings,
+        TokenLogprob,
         TokenScores,
+        ToolCall,
         Usage,
     )

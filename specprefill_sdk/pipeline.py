@@ -29,7 +29,7 @@ from ._timing import elapsed_ms
 from .cost import CostModel, WarmUpReport
 from .errors import ContextTooLongError, InvalidRequestError, RequestCancelledError
 from .interfaces import Backend, Calibrated, KeepEstimating, Scorer, Selector
-from .prompt import PromptInput, build_prompt
+from .prompt import PromptInput, ToolsInput, build_prompt
 from .tracing import Finish, StageTrace, Telemetry, draft_name
 from .types import (
     Completion,
@@ -245,13 +245,24 @@ class Pipeline:
         return draft_name(self.scorer)
 
     # ----------------------------------------------------------------- stages
-    def prompt(self, prompt: PromptInput | Prompt, *, protected_spans: Sequence[tuple[int, int]] = ()) -> Prompt:
-        """Tokenize text or messages with the target's tokenizer (a `Prompt` passes through)."""
+    def prompt(
+        self,
+        prompt: PromptInput | Prompt,
+        *,
+        protected_spans: Sequence[tuple[int, int]] = (),
+        tools: ToolsInput | None = None,
+    ) -> Prompt:
+        """Tokenize text or messages with the target's tokenizer (a `Prompt` passes through).
+
+        ``tools``: tool definitions for the chat template (see `build_prompt`).
+        """
         if isinstance(prompt, Prompt):
             if not prompt.n:
                 raise InvalidRequestError("the prompt is empty", param="prompt")
+            if tools is not None:
+                raise InvalidRequestError("tools are rendered when a prompt is built, not into a Prompt", param="tools")
             return prompt
-        return build_prompt(self.backend.tokenizer, prompt, protected_spans=protected_spans)
+        return build_prompt(self.backend.tokenizer, prompt, protected_spans=protected_spans, tools=tools)
 
     def _check_length(self, prompt: Prompt, params: SamplingParams | None) -> None:
         """Raise `ContextTooLongError` when ``prompt`` plus ``max_tokens`` exceeds the target's context."""

@@ -4,6 +4,11 @@ Chat messages go through the tokenizer's chat template with the generation promp
 token learns which message it came from by rendering the conversation one message at a time: the
 characters that message ``i`` adds to the rendered text are its segment.
 
+Tool definitions (OpenAI's ``tools``) and the ``tool_calls`` of assistant messages go to the chat
+template too. A template that leaves them out of the text (it has no tool support) is refused
+rather than let the model answer without them; the text the tool definitions add is protected, so
+no selector drops part of a schema the model must follow.
+
 Example::
 
     prompt = build_prompt(tokenizer, [{"role": "user", "content": "Hi"}])
@@ -14,17 +19,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from .errors import InvalidRequestError
 from .types import TEMPLATE_ROLE, TEXT_ROLE, Message, Prompt
 
-__all__ = ["PromptInput", "build_prompt", "check_text", "normalize_messages"]
+__all__ = ["PromptInput", "ToolsInput", "build_prompt", "check_text", "normalize_messages"]
 
 logger = logging.getLogger(__name__)
 
 #: What the SDK accepts as a prompt: plain text, or a sequence of chat messages.
 PromptInput = str | Sequence[Message | Mapping[str, Any]]
+#: Tool definitions as OpenAI's ``tools`` (``{"type": "function", "function": {"name", ...}}``).
+ToolsInput = Sequence[Mapping[str, Any]]
+
+#: The error code of tools (or tool calls) that the model's chat template does not render.
+TOOLS_UNSUPPORTED = "tools_unsupported"
 
 
 def check_text(text: str, param: str) -> str:
@@ -56,12 +67,16 @@ def normalize_messages(messages: Sequence[Message | Mapping[str, Any]]) -> tuple
     return out
 
 
-def _render(tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool) -> str:
+def _render(
+    tokenizer: Any, messages: Sequence[Message], add_generation_prompt: bool, tools: ToolsInput | None = None
+) -> str:
     if not messages:
         return ""
+    dicts = [m.to_dict() for m in messages]
+    extra: dict[str, Any] = {} if tools is None else {"tools": [dict(t) for t in tools]}
     try:
         text = tokenizer.apply_chat_template(
-            [m.to_dict() for m in messages], tokenize=False, add_generation_prompt=add_generation_prompt
+            dicts, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
         )
     except Exception as exc:  # jinja raises plain exceptions for templates that refuse a role order
         raise InvalidRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
@@ -89,6 +104,7 @@ def build_prompt(
     add_generation_prompt: bool = True,
     chat_template: bool | None = None,
     protected_spans: Sequence[tuple[int, int]] = (),
+    tools: ToolsInput | None = None,
 ) -> Prompt:
     """Tokenize ``prompt`` (text or messages) with the target's ``tokenizer``.
 
@@ -99,10 +115,13 @@ def build_prompt(
         chat_template: for plain text, wrap it as one user message through the chat template.
             ``None`` (default) leaves text as it is.
         protected_spans: character spans ``(start, end)`` of the *rendered* text that must be kept.
+        tools: tool definitions for the chat template (chat prompts only); the text they add to the
+            prompt is protected.
 
     Raises:
         InvalidRequestError: empty prompt, malformed messages, text that is not valid Unicode (a lone
-            surrogate), or a template that rejects them.
+            surrogate), or a template that rejects them; tools or tool calls the chat template does
+            not render (``code="tools_unsupported"``).
     """
     if isinstance(prompt, bytes):
         raise InvalidRequestError("the prompt must be text (str), not bytes", param="prompt")
@@ -116,16 +135,58 @@ def build_prompt(
                 [Message("user", prompt)],
                 add_generation_prompt=add_generation_prompt,
                 protected_spans=protected_spans,
+                tools=tools,
             )
+        if tools is not None:
+            raise InvalidRequestError("tools need chat messages (a chat template), not plain text", param="tools")
         return _from_text(tokenizer, prompt, protected_spans)
     messages = normalize_messages(prompt)
-    if not any(m.content.strip() for m in messages):
+    if not any(m.content.strip() or m.tool_calls for m in messages):
         raise InvalidRequestError("every message is empty", param="messages")
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequestError(
             "this model's tokenizer has no chat template; send plain text instead of messages", param="messages"
         )
-    return _from_messages(tokenizer, messages, add_generation_prompt, protected_spans)
+    return _from_messages(tokenizer, messages, add_generation_prompt, protected_spans, tools)
+
+
+def _added_span(with_part: str, without: str) -> tuple[int, int]:
+    """The span of ``with_part`` that is not in ``without``: what is left after their common prefix and suffix."""
+    start = 0
+    limit = min(len(with_part), len(without))
+    while start < limit and with_part[start] == without[start]:
+        start += 1
+    end = 0
+    while end < limit - start and with_part[-1 - end] == without[-1 - end]:
+        end += 1
+    return start, len(with_part) - end
+
+
+def _check_tool_parts(
+    tokenizer: Any, messages: Sequence[Message], add_gen: bool, tools: ToolsInput | None, full: str
+) -> tuple[tuple[int, int], ...]:
+    """Refuse tools or tool calls the template leaves out of ``full``; the span the tools add to it."""
+    spans: tuple[tuple[int, int], ...] = ()
+    if tools is not None:
+        without = _render(tokenizer, messages, add_gen)
+        if without == full:
+            raise InvalidRequestError(
+                "this model's chat template does not render tools (it has no tool support): the model would "
+                "never see them; leave tools out, or serve a model whose chat template takes tools",
+                param="tools",
+                code=TOOLS_UNSUPPORTED,
+            )
+        spans = (_added_span(full, without),)
+    if any(m.tool_calls for m in messages):
+        bare = [replace(m, tool_calls=()) for m in messages]
+        if _render(tokenizer, bare, add_gen, tools) == full:
+            raise InvalidRequestError(
+                "this model's chat template does not render the tool_calls of assistant messages (it has no "
+                "tool support): the model would read a conversation without them",
+                param="messages",
+                code=TOOLS_UNSUPPORTED,
+            )
+    return spans
 
 
 def _from_text(tokenizer: Any, text: str, protected_spans: Sequence[tuple[int, int]]) -> Prompt:
@@ -147,12 +208,14 @@ def _from_text(tokenizer: Any, text: str, protected_spans: Sequence[tuple[int, i
     )
 
 
-def _segments(tokenizer: Any, messages: Sequence[Message], full: str, add_gen: bool) -> list[tuple[int, int]]:
+def _segments(
+    tokenizer: Any, messages: Sequence[Message], full: str, add_gen: bool, tools: ToolsInput | None = None
+) -> list[tuple[int, int]]:
     """Character segment of each message in ``full``, plus the generation prompt's as the last entry."""
     bounds = [0]
     prefix_ok = True
     for i in range(1, len(messages) + 1):
-        part = _render(tokenizer, messages[:i], add_generation_prompt=False)
+        part = _render(tokenizer, messages[:i], add_generation_prompt=False, tools=tools)
         if not full.startswith(part) or len(part) < bounds[-1]:
             prefix_ok = False
             break
@@ -176,13 +239,18 @@ def _segments(tokenizer: Any, messages: Sequence[Message], full: str, add_gen: b
 
 
 def _from_messages(
-    tokenizer: Any, messages: Sequence[Message], add_gen: bool, protected_spans: Sequence[tuple[int, int]]
+    tokenizer: Any,
+    messages: Sequence[Message],
+    add_gen: bool,
+    protected_spans: Sequence[tuple[int, int]],
+    tools: ToolsInput | None = None,
 ) -> Prompt:
-    full = _render(tokenizer, messages, add_generation_prompt=add_gen)
+    full = _render(tokenizer, messages, add_generation_prompt=add_gen, tools=tools)
+    protected_spans = (*protected_spans, *_check_tool_parts(tokenizer, messages, add_gen, tools, full))
     ids, offsets = _tokenize(tokenizer, full, add_special_tokens=False)
     if not ids:
         raise InvalidRequestError("the prompt is empty after applying the chat template", param="messages")
-    segs = _segments(tokenizer, messages, full, add_gen)
+    segs = _segments(tokenizer, messages, full, add_gen, tools)
     # Where each message's content sits inside its segment: tokens outside it are template glue.
     content_spans = []
     for (a, b), m in zip(segs, messages, strict=False):

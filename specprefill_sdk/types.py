@@ -7,6 +7,7 @@ tokenization of the prompt, 0-based; ``n`` is always the original prompt length.
 from __future__ import annotations
 
 import array
+import json
 import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,7 +29,9 @@ __all__ = [
     "SamplingParams",
     "Selection",
     "Timings",
+    "TokenLogprob",
     "TokenScores",
+    "ToolCall",
     "Usage",
 ]
 
@@ -51,6 +54,9 @@ def _increasing(values: Sequence[int]) -> bool:
 
 FinishReason = Literal["stop", "length"]
 
+#: The most alternatives per step `SamplingParams.logprobs` may ask for (OpenAI's ``top_logprobs`` bound).
+MAX_LOGPROBS = 20
+
 #: Role given to tokens that belong to no message (chat-template glue, generation prompt).
 TEMPLATE_ROLE = "template"
 #: Role given to every token of a plain-text prompt.
@@ -58,11 +64,60 @@ TEXT_ROLE = "text"
 
 
 @dataclass(frozen=True)
+class ToolCall:
+    """A function call of an assistant message: ``arguments`` is JSON text of an object, as OpenAI sends it."""
+
+    id: str
+    name: str
+    arguments: str = "{}"
+
+    @classmethod
+    def coerce(cls, value: ToolCall | Mapping[str, Any]) -> ToolCall:
+        """Accept a `ToolCall` or OpenAI's ``{"id", "type": "function", "function": {"name", "arguments"}}``."""
+        if isinstance(value, ToolCall):
+            return value
+        function = value.get("function") if isinstance(value, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise InvalidRequestError(
+                "a tool call must be {'id', 'type': 'function', 'function': {'name', 'arguments'}}", param="messages"
+            )
+        arguments = function.get("arguments", "{}")
+        if not isinstance(arguments, str):  # a client that sends the object itself, as chat templates take it
+            arguments = json.dumps(arguments)
+        call = cls(id=str(value.get("id") or ""), name=function["name"], arguments=arguments)
+        call.arguments_object()  # refused here, before a chat template meets it
+        return call
+
+    def arguments_object(self) -> Any:
+        """The arguments parsed from JSON (chat templates render an object, not its text).
+
+        Raises:
+            InvalidRequestError: the arguments are not JSON.
+        """
+        try:
+            return json.loads(self.arguments)
+        except json.JSONDecodeError as exc:
+            raise InvalidRequestError(
+                f"the arguments of tool call {self.name!r} are not JSON: {exc}", param="messages"
+            ) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """OpenAI's wire form (``arguments`` as JSON text)."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(frozen=True)
 class Message:
-    """One chat message. ``role`` is free text (``system``, ``user``, ``assistant``, ``tool``, ...)."""
+    """One chat message. ``role`` is free text (``system``, ``user``, ``assistant``, ``tool``, ...).
+
+    ``tool_calls``: the calls of an assistant message; ``tool_call_id``: the call a ``tool``
+    message answers. Both reach the chat template (which decides how they read).
+    """
 
     role: str
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str | None = None
 
     @classmethod
     def coerce(cls, value: Message | Mapping[str, Any]) -> Message:
@@ -81,12 +136,27 @@ class Message:
                     raise InvalidRequestError("only text content parts are supported", param="messages")
                 texts.append(str(part.get("text", "")))
             content = "".join(texts)
+        calls = tuple(ToolCall.coerce(c) for c in value.get("tool_calls") or ())
+        if content is None and calls:  # OpenAI's assistant message that only calls tools
+            content = ""
         if not isinstance(content, str):
             raise InvalidRequestError("every message needs a string 'content'", param="messages")
-        return cls(role=role, content=content)
+        call_id = value.get("tool_call_id")
+        if call_id is not None and not isinstance(call_id, str):
+            raise InvalidRequestError("tool_call_id must be a string", param="messages")
+        return cls(role=role, content=content, tool_calls=calls, tool_call_id=call_id)
 
-    def to_dict(self) -> dict[str, str]:
-        return {"role": self.role, "content": self.content}
+    def to_dict(self) -> dict[str, Any]:
+        """The mapping a chat template reads: tool-call arguments as objects, as Hugging Face templates expect."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments_object()}}
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 @dataclass(frozen=True)
@@ -336,6 +406,9 @@ class SamplingParams:
 
     ``ignore_eos``: keep generating past the end-of-sequence token until ``max_tokens`` (or a stop
     string), as vLLM's option of that name does; load generators use it for fixed-length answers.
+
+    ``logprobs``: None returns no log-probabilities; ``k`` (0 to `MAX_LOGPROBS`) returns each
+    generated token's log-probability and the ``k`` most likely tokens of its step (`TokenLogprob`).
     """
 
     max_tokens: int = 256
@@ -344,6 +417,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -357,6 +431,13 @@ class SamplingParams:
             raise InvalidRequestError("stop must be non-empty strings", param="stop")
         if not isinstance(self.ignore_eos, bool):
             raise InvalidRequestError(f"ignore_eos must be true or false, got {self.ignore_eos!r}", param="ignore_eos")
+        if self.logprobs is not None:
+            check_int(self.logprobs, "logprobs", param="logprobs", minimum=0)
+            if self.logprobs > MAX_LOGPROBS:
+                raise InvalidRequestError(
+                    f"logprobs asks for {self.logprobs} alternatives per token; at most {MAX_LOGPROBS}",
+                    param="logprobs",
+                )
 
     @classmethod
     def from_call(cls, params: SamplingParams | None, kwargs: Mapping[str, Any]) -> SamplingParams:
@@ -383,6 +464,8 @@ class SamplingParams:
             body["seed"] = self.seed
         if self.ignore_eos:  # vLLM's extension: sent only when asked for, since OpenAI's API refuses it
             body["ignore_eos"] = True
+        if self.logprobs is not None:
+            body["logprobs"] = self.logprobs
         return body
 
     @property
@@ -428,8 +511,22 @@ class Timings:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One generated token's log-probability, and the most likely tokens of its step.
+
+    ``top`` holds ``(token id, log-probability)`` pairs, most likely first (`SamplingParams.logprobs`
+    of them). Log-probabilities are those of the model's distribution before temperature and top-p
+    (vLLM's default ``raw_logprobs``), so they do not depend on how the token was sampled.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Completion:
-    """A finished generation."""
+    """A finished generation. ``logprobs``: one entry per generated token, when they were asked for."""
 
     text: str
     token_ids: tuple[int, ...]
@@ -440,6 +537,7 @@ class Completion:
     draft: str | None = None
     fallback: str | None = None
     selection: Selection | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
     @property
     def keep_ratio(self) -> float:
@@ -470,10 +568,11 @@ _REPR_TEXT = 60
 
 @dataclass(frozen=True)
 class CompletionChunk:
-    """A streamed piece: a text delta and its token ids. The last chunk has ``finish_reason`` set and
-    carries the whole `Completion` (usage, timings) in ``completion``."""
+    """A streamed piece: a text delta and its token ids (with their `TokenLogprob` when asked for). The
+    last chunk has ``finish_reason`` set and carries the whole `Completion` (usage, timings) in ``completion``."""
 
     text: str
     token_ids: tuple[int, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     completion: Completion | None = None

@@ -72,16 +72,14 @@ REFUSED_CHAT: dict[str, dict[str, Any]] = {
     "logit_bias": {"logit_bias": {"42": 5}},
     "functions": {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
     "function_call": {"function_call": {"name": "f"}},
-    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
     "tool_choice": {"tool_choice": "required"},
-    "logprobs": {"logprobs": True},
-    "top_logprobs": {"top_logprobs": 2},
+    "tool_choice named": {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+    "parallel_tool_calls": {"parallel_tool_calls": False},
     "presence_penalty": {"presence_penalty": 0.5},
     "frequency_penalty": {"frequency_penalty": -1.0},
     "repetition_penalty": {"extra_body": {"repetition_penalty": 1.2}},
 }
 REFUSED_COMPLETION: dict[str, dict[str, Any]] = {
-    "logprobs": {"logprobs": 1},
     "echo": {"echo": True},
     "best_of": {"best_of": 2},
     "suffix": {"suffix": "the end"},
@@ -120,6 +118,89 @@ def test_the_values_that_ask_for_nothing_are_served(client: openai.OpenAI) -> No
         extra_body={"specprefill": {"enabled": False}, "repetition_penalty": 1.0},
     )
     assert answer.choices[0].finish_reason in ("stop", "length")
+
+
+# ----------------------------------------------------------------------------- tools, logprobs
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def test_tools_on_a_model_whose_template_has_no_tool_support_are_a_400(client: openai.OpenAI) -> None:
+    # SmolLM2's template writes role and content only: tools would never reach the model.
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=HI, max_tokens=1, tools=[TOOL])  # type: ignore[list-item]
+    assert info.value.param == "tools" and info.value.code == "tools_unsupported", info.value.body
+    assert "chat template does not render tools" in info.value.message
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [*HI, {"role": "assistant", "content": None, "tool_calls": [call]}, {"role": "user", "content": "And?"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL, messages=history, max_tokens=1)  # type: ignore[arg-type]
+    assert info.value.param == "messages" and info.value.code == "tools_unsupported", info.value.body
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": HI, "logprobs": True, "top_logprobs": -1}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": HI, "top_logprobs": 2}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": HI, "logprobs": False, "top_logprobs": 0}, "top_logprobs"),
+        ("/v1/chat/completions", {"messages": HI, "logprobs": 1}, "logprobs"),
+        ("/v1/completions", {"prompt": "Hi", "logprobs": 21}, "logprobs"),
+        ("/v1/completions", {"prompt": "Hi", "logprobs": True}, "logprobs"),
+        ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "function", "function": {"name": "a b"}}]}, None),
+        ("/v1/chat/completions", {"messages": HI, "tools": [{"type": "code", "function": {"name": "f"}}]}, None),
+        (
+            "/v1/chat/completions",
+            {"messages": HI, "tools": [TOOL], "specprefill": {"conversation_start": True}},
+            "tools",
+        ),
+    ],
+)
+def test_logprobs_and_tools_out_of_bounds_are_a_400(url: str, path: str, body: dict[str, Any], param: Any) -> None:
+    answer = httpx.post(f"{url}{path}", json={**body, "max_tokens": 1}, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    if param is not None:
+        assert error["param"] == param, error
+    else:
+        assert str(error["param"]).startswith("tools"), error
+
+
+def test_logprobs_of_chat_and_completions(client: openai.OpenAI) -> None:
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=HI,
+        max_tokens=4,
+        logprobs=True,
+        top_logprobs=3,
+        extra_body={"specprefill": {"enabled": False}},
+    )
+    content = chat.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == chat.usage.completion_tokens  # type: ignore[union-attr]
+    for item in content:
+        assert len(item.top_logprobs) == 3 and item.logprob <= 0
+        # greedy: the chosen token is the most likely one
+        assert item.top_logprobs[0].token == item.token and item.top_logprobs[0].logprob == item.logprob
+        assert [t.logprob for t in item.top_logprobs] == sorted((t.logprob for t in item.top_logprobs), reverse=True)
+    text = "".join(item.token for item in content)
+    assert chat.choices[0].message.content is not None and text.startswith(chat.choices[0].message.content)
+    plain = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=4, logprobs=True)
+    assert all(item.top_logprobs == [] for item in plain.choices[0].logprobs.content or [])  # type: ignore[union-attr]
+    completion = client.completions.create(model=MODEL, prompt="Colours: red, green,", max_tokens=4, logprobs=2)
+    logprobs = completion.choices[0].logprobs
+    assert logprobs is not None and logprobs.tokens and logprobs.top_logprobs and logprobs.text_offset
+    assert "".join(logprobs.tokens) == completion.choices[0].text
+    assert logprobs.text_offset == [sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))]
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs or [], logprobs.top_logprobs, strict=True):
+        assert top[token] == value and len(top) <= 3  # the 2 most likely, and the chosen one
+    streamed = client.completions.create(
+        model=MODEL, prompt="Colours: red, green,", max_tokens=4, logprobs=2, stream=True
+    )
+    parts = [c.choices[0].logprobs for c in streamed if c.choices and c.choices[0].logprobs is not None]
+    assert [t for p in parts for t in p.tokens or []] == logprobs.tokens
+    assert [o for p in parts for o in p.text_offset or []] == logprobs.text_offset
+    assert [v for p in parts for v in p.token_logprobs or []] == pytest.approx(logprobs.token_logprobs)
 
 
 def _at_eos(backend: Any) -> list[int]:
@@ -393,18 +474,28 @@ def test_every_response_shape_parses_as_the_openai_packages_types(url: str) -> N
     text = {"model": MODEL, "prompt": "Colours: red, green,", "max_tokens": 1}
     ids = {"specprefill": {"return_token_ids": True}}
     scored = {**chat, "messages": [{"role": "user", "content": _long_text()}]}
-    for body in (scored, {**chat, **ids}, {**chat, "specprefill": {"conversation_start": True}}):
+    logprobs = {"logprobs": True, "top_logprobs": 2}
+    conversation = {"specprefill": {"conversation_start": True}}
+    for body in (
+        scored,
+        {**chat, **ids},
+        {**chat, **conversation},
+        {**chat, **logprobs},
+        {**chat, **conversation, **logprobs},
+    ):
         answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
         assert answer.status_code == 200, answer.text
         parsed = _contract(ChatCompletion, answer.json())
         assert parsed.choices[0].message.role == "assistant" and parsed.usage is not None
-    for body in (text, {**text, **ids}):
+    for body in (text, {**text, **ids}, {**text, "logprobs": 3}):
         _contract(Completion, httpx.post(f"{url}/v1/completions", json=body, timeout=120).json())
     usage = {"stream": True, "stream_options": {"include_usage": True}}
-    for body in ({**chat, "stream": True}, {**chat, **usage, **ids}):
+    for body in ({**chat, "stream": True}, {**chat, **usage, **ids}, {**chat, **usage, **logprobs}):
         chunks = [_contract(ChatCompletionChunk, p) for p in _sse_payloads(url, "/v1/chat/completions", body)]
         assert chunks[0].choices[0].delta.role == "assistant"
-    for body in ({**text, "stream": True}, {**text, **usage, **ids}):
+        if "logprobs" in body:
+            assert any(c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content for c in chunks)
+    for body in ({**text, "stream": True}, {**text, **usage, **ids}, {**text, "stream": True, "logprobs": 0}):
         payloads = _sse_payloads(url, "/v1/completions", body)
         # OpenAI streams text chunks with "finish_reason": null until the last (as vLLM does), which the
         # openai package's Completion type does not admit; its client builds chunks without validating.

@@ -13,9 +13,24 @@ from __future__ import annotations
 
 import torch
 
-from ..types import SamplingParams
+from ..types import SamplingParams, TokenLogprob
 
-__all__ = ["TokenSampler"]
+__all__ = ["TokenSampler", "token_logprob"]
+
+
+def token_logprob(logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+    """``token``'s log-probability under 1-D ``logits`` and the ``top`` most likely tokens'.
+
+    The distribution is the model's own (log-softmax of the logits, in float32), before temperature
+    and top-p: vLLM's default (``logprobs_mode="raw_logprobs"``), so the numbers do not change with
+    how the token was sampled.
+    """
+    logp = torch.log_softmax(logits.detach().float(), dim=-1)
+    pairs: tuple[tuple[int, float], ...] = ()
+    if top > 0:
+        values, ids = torch.topk(logp, min(top, int(logp.shape[-1])))
+        pairs = tuple(zip(map(int, ids.tolist()), map(float, values.tolist()), strict=True))
+    return TokenLogprob(token_id=int(token), logprob=float(logp[int(token)].item()), top=pairs)
 
 
 class TokenSampler:

@@ -425,6 +425,15 @@ class OpenAIBackend(BackendBase):
             raise InvalidRequestError(f"expected a CompressedPrompt, got {type(prompt).__name__}", param="prompt")
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError(f"expected SamplingParams, got {type(params).__name__}", param="params")
+        if params.logprobs is not None:
+            # The remote names tokens by their text, not their ids: its logprobs are not this
+            # backend's to turn into TokenLogprob entries.
+            raise InvalidRequestError(
+                "OpenAIBackend does not return logprobs: ask the remote server for them directly, or use an "
+                "in-process backend (transformers, vllm)",
+                param="logprobs",
+                code="unsupported_parameter",
+            )
 
     def generate(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
         """Send ``prompt`` (positions or rendered text) and return the remote's answer.

@@ -42,11 +42,12 @@ from ..types import (
     Prompt,
     SamplingParams,
     Timings,
+    TokenLogprob,
     Usage,
     int64_tensor,
 )
 from ._detok import TextAssembler
-from ._sampling import TokenSampler
+from ._sampling import TokenSampler, token_logprob
 from .base import BackendBase
 
 __all__ = ["KVState", "TransformersBackend"]
@@ -568,6 +569,7 @@ class TransformersBackend(BackendBase):
             timings=timings,
             model=self.model_name,
             selection=prompt.selection,
+            logprobs=None if run.logprobs is None else tuple(run.logprobs),
         )
 
     def stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
@@ -600,14 +602,21 @@ class TransformersBackend(BackendBase):
         for token in self.decode(state, params):
             if not run.tokens:
                 ttft = _ms(t0)
-            delta = run.push(token)
+            assert state.logits is not None  # until the next token is asked for, the logits it was chosen from
+            entry = run.logprob(state.logits[0], token)
+            delta = run.push(token, entry)
+            logprobs = () if entry is None else (entry,)
             if run.finish_reason is None:
-                yield CompletionChunk(text=delta, token_ids=(token,))
+                yield CompletionChunk(text=delta, token_ids=(token,), logprobs=logprobs)
                 continue
             timings = Timings(prefill=prefill_ms, ttft=ttft, total=_ms(t0))
             completion = self._completion(prompt, run, timings)
             yield CompletionChunk(
-                text=delta, token_ids=(token,), finish_reason=run.finish_reason, completion=completion
+                text=delta,
+                token_ids=(token,),
+                logprobs=logprobs,
+                finish_reason=run.finish_reason,
+                completion=completion,
             )
             return
 
@@ -659,8 +668,8 @@ class TransformersBackend(BackendBase):
             tokens = [samplers[i].choose(state.logits[row]) for row, i in enumerate(active)]
             if not ttft:
                 ttft = _ms(t0)
-            for i, token in zip(active, tokens, strict=True):
-                runs[i].push(token)
+            for row, (i, token) in enumerate(zip(active, tokens, strict=True)):
+                runs[i].push(token, runs[i].logprob(state.logits[row], token))
             keep = [row for row, i in enumerate(active) if runs[i].finish_reason is None]
             for i in active:
                 if runs[i].finish_reason is not None:
@@ -684,12 +693,23 @@ class _Run:
         self.assembler = TextAssembler(tokenizer, params.stop)
         self.eos = frozenset() if params.ignore_eos else eos
         self.max_tokens = params.max_tokens
+        self.top_logprobs = params.logprobs
         self.tokens: list[int] = []
+        #: one entry per token when the parameters ask for log-probabilities, else None
+        self.logprobs: list[TokenLogprob] | None = None if params.logprobs is None else []
         self.finish_reason: FinishReason | None = None
 
-    def push(self, token: int) -> str:
-        """Record one token; return the text delta it releases."""
+    def logprob(self, logits: torch.Tensor, token: int) -> TokenLogprob | None:
+        """``token``'s log-probability under ``logits`` when they were asked for (else None, at no cost)."""
+        if self.top_logprobs is None:
+            return None
+        return token_logprob(logits, token, self.top_logprobs)
+
+    def push(self, token: int, logprob: TokenLogprob | None = None) -> str:
+        """Record one token (and its log-probability); return the text delta it releases."""
         self.tokens.append(token)
+        if self.logprobs is not None and logprob is not None:
+            self.logprobs.append(logprob)
         if token in self.eos:
             self.finish_reason = "stop"
             return self.assembler.finish()

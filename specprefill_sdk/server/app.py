@@ -41,16 +41,18 @@ from ..errors import InvalidRequestError, NotFoundError, SpecPrefillError
 from ..interfaces import Backend, Calibrated, Executed, LocalBackend, Scorer
 from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
-from ..types import Completion, Prompt
+from ..types import Completion, Prompt, TokenLogprob, ToolCall
 from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
 from .engine import RequestContext, ServingEngine, StreamHandle, Turn
 from .errors import ShuttingDownError, error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck
+from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .request_id import RequestIdMiddleware, request_id
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
+    ChatMessage,
     CompletionRequest,
     ConversationCapability,
     ConversationDeleted,
@@ -75,6 +77,7 @@ from .schemas import (
     WarmUpReport,
 )
 from .sessions import key_owner, new_conversation_id
+from .tool_calls import ToolCallParser, parse_tool_calls
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "default_warmup_tokens"]
 
@@ -399,17 +402,30 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         engine.check_model(body.model)
         messages = None
         if body.messages is not None:
-            messages = [{"role": m.role, "content": _content(m.content)} for m in body.messages]
+            messages = [_message(m) for m in body.messages]
         max_tokens = body.max_tokens or body.max_completion_tokens
-        if body.specprefill is not None and body.specprefill.conversational:
-            return await _serve_turn(engine, request, body, messages, max_tokens, owner(request))
-        return await _serve(engine, request, body, messages, "chat", max_tokens)
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
+        shape = _Shape(
+            tools=tools is not None and body.tool_choice != "none",
+            token_text=TokenText(engine.backend.tokenizer) if body.logprobs else None,
+        )
+        options = body.specprefill
+        if tools is not None and options is not None and (options.conversational or options.precompressed):
+            where = "conversation_id" if options.conversational else "prompt_token_ids"
+            raise _invalid(
+                f"tools are rendered into messages by the chat template: they are not served with specprefill.{where}",
+                "tools",
+            )
+        if options is not None and options.conversational:
+            return await _serve_turn(engine, request, body, messages, max_tokens, owner(request), shape)
+        return await _serve(engine, request, body, messages, "chat", max_tokens, shape, tools)
 
     @router.post("/completions", response_model=TextCompletion, responses=_STREAM_DOC, tags=["completions"])
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion of ``prompt`` (text or token ids), no chat template."""
         engine.check_model(body.model)
-        return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens)
+        shape = _Shape(token_text=TokenText(engine.backend.tokenizer) if body.logprobs is not None else None)
+        return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens, shape)
 
     @router.get("/conversations/{conversation_id}", response_model=ConversationObject, tags=["conversations"])
     async def get_conversation(conversation_id: str, request: Request) -> ConversationObject:
@@ -535,6 +551,26 @@ def _content(content: Any) -> Any:
     return content
 
 
+def _message(message: ChatMessage) -> dict[str, Any]:
+    """A request message as `Message.coerce` reads it, its tool calls and tool call id included."""
+    out: dict[str, Any] = {"role": message.role, "content": _content(message.content)}
+    if message.tool_calls:
+        out["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shape:
+    """What a request asks of its answer's choices beyond the text: tool calls parsed out, logprobs."""
+
+    #: parse Hermes/Qwen tool calls out of the text (tools given, tool_choice not "none")
+    tools: bool = False
+    #: write each token's log-probabilities, with this tokenizer's token texts (None: not asked for)
+    token_text: TokenText | None = None
+
+
 def _completion_prompt(prompt: Any) -> PromptInput | Prompt | None:
     if prompt is None:
         return None
@@ -557,6 +593,7 @@ def _completion_prompt(prompt: Any) -> PromptInput | Prompt | None:
 def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> dict[str, Any]:
     """The request's sampling fields, as the engine resolves them into `SamplingParams`."""
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    logprobs = body.top_logprob_count if isinstance(body, ChatCompletionRequest) else body.logprobs
     return {
         "max_tokens": max_tokens,
         "temperature": body.temperature,
@@ -564,6 +601,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, max_tokens: int |
         "stop": tuple(stops),
         "seed": body.seed,
         "ignore_eos": body.ignore_eos,
+        "logprobs": logprobs,
     }
 
 
@@ -574,6 +612,8 @@ async def _serve(
     prompt_input: PromptInput | Prompt | None,
     kind: Literal["chat", "text"],
     max_tokens: int | None,
+    shape: _Shape,
+    tools: list[dict[str, Any]] | None = None,
 ) -> Response:
     sampling = _sampling(body, max_tokens)
     options = body.specprefill
@@ -583,12 +623,12 @@ async def _serve(
     ticket = await engine.admission.acquire()
     handle: StreamHandle | None = None
     try:
-        prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
+        prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling, tools)
         if not body.stream:
             async with _cancelled_on_disconnect(request, engine, ctx):
                 completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_generate, prepared))
             engine.finished(ctx, ticket, prepared, completion)
-            return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid))
+            return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid, shape=shape))
         iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_stream, prepared))
         handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
     finally:
@@ -596,7 +636,9 @@ async def _serve(
             engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     keepalive = engine.config.keepalive_interval
-    events = _events(handle, kind, engine.served_model, include_usage, return_ids, rid, keepalive, engine.drain)
+    events = _events(
+        handle, kind, engine.served_model, include_usage, return_ids, rid, keepalive, engine.drain, shape=shape
+    )
     return _ClosingStreamingResponse(
         events,
         handle.aclose,
@@ -612,6 +654,7 @@ async def _serve_turn(
     messages: list[dict[str, Any]] | None,
     max_tokens: int | None,
     owner: str,
+    shape: _Shape,
 ) -> Response:
     """A turn of a conversation kept on the server: start it, or continue it with the new message."""
     options = body.specprefill
@@ -642,7 +685,7 @@ async def _serve_turn(
                 completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_turn, turn))
                 engine.finished(ctx, ticket, turn, completion)
                 payload = _response(
-                    "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn
+                    "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn, shape
                 )
                 return JSONResponse(payload, headers=headers)
             iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_turn_stream, turn))
@@ -664,6 +707,7 @@ async def _serve_turn(
         engine.config.keepalive_interval,
         engine.drain,
         turn,
+        shape,
     )
     return _ClosingStreamingResponse(
         events,
@@ -716,21 +760,36 @@ def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
 
 
 def _response(
-    kind: str, model: str, completion: Completion, return_ids: bool, rid: str, turn: Turn | None = None
+    kind: str,
+    model: str,
+    completion: Completion,
+    return_ids: bool,
+    rid: str,
+    turn: Turn | None = None,
+    shape: _Shape = _Shape(),
 ) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
     usage = _usage(completion, turn).model_dump()
+    text, entries = shape.token_text, completion.logprobs
     if kind == "chat":
+        message: dict[str, Any] = {"role": "assistant", "content": completion.text}
+        finish: str = completion.finish_reason
+        if shape.tools:
+            content, calls = parse_tool_calls(completion.text)
+            if calls:
+                message = {"role": "assistant", "content": content, "tool_calls": [c.to_dict() for c in calls]}
+                finish = "tool_calls"
         choice: dict[str, Any] = {
             "index": 0,
-            "message": {"role": "assistant", "content": completion.text},
-            "finish_reason": completion.finish_reason,
-            "logprobs": None,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": None if entries is None or text is None else chat_logprobs(entries, text),
         }
         obj, prefix = "chat.completion", "chatcmpl"
     else:
-        choice = {"index": 0, "text": completion.text, "finish_reason": completion.finish_reason, "logprobs": None}
+        logprobs = None if entries is None or text is None else completion_logprobs(entries, text)
+        choice = {"index": 0, "text": completion.text, "finish_reason": completion.finish_reason, "logprobs": logprobs}
         obj, prefix = "text_completion", "cmpl"
     if ids is not None:
         choice["token_ids"] = ids
@@ -768,8 +827,13 @@ async def _events(
     keepalive: float,
     drain: Drain,
     turn: Turn | None = None,
+    shape: _Shape = _Shape(),
 ) -> AsyncGenerator[str, None]:
     """OpenAI's SSE chunks: a role chunk (chat), text deltas, a finish chunk, the usage chunk, [DONE].
+
+    With tools, text goes through a `ToolCallParser`: content deltas, and each call whole in a
+    ``delta.tool_calls`` chunk; the finish reason is then ``tool_calls``. With logprobs, each
+    step's chunk carries its token's.
 
     While a chunk takes longer than ``keepalive`` seconds (scoring and prefill of a long prompt
     before the first), an SSE comment (`KEEP_ALIVE`) goes out every ``keepalive`` seconds: proxies
@@ -789,14 +853,36 @@ async def _events(
         "system_fingerprint": None,
     }
 
-    def chunk(text: str | None, finish: str | None, ids: tuple[int, ...] = (), role: bool = False) -> str:
+    parser = ToolCallParser() if shape.tools else None
+    offset = 0  # text_offset of the next token (completions' logprobs)
+
+    def logprobs_of(entries: tuple[TokenLogprob, ...]) -> dict[str, Any] | None:
+        nonlocal offset
+        if shape.token_text is None or not entries:
+            return None
+        if kind == "chat":
+            return chat_logprobs(entries, shape.token_text)
+        out = completion_logprobs(entries, shape.token_text, offset)
+        offset = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+    def chunk(
+        text: str | None,
+        finish: str | None,
+        ids: tuple[int, ...] = (),
+        role: bool = False,
+        calls: list[dict[str, Any]] | None = None,
+        logprobs: dict[str, Any] | None = None,
+    ) -> str:
         if kind == "chat":
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            if calls:
+                delta["tool_calls"] = calls
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         if return_ids and ids:
             choice["token_ids"] = list(ids)
         payload = {**base, "choices": [choice]}
@@ -829,10 +915,21 @@ async def _events(
             # incomplete character: clients and load generators time the first token by the first
             # chunk, and vLLM sends one per step too.
             if piece.text or piece.token_ids:
-                yield chunk(piece.text, None, piece.token_ids)
+                if parser is None:
+                    yield chunk(piece.text, None, piece.token_ids, logprobs=logprobs_of(piece.logprobs))
+                else:
+                    text, calls = _parsed(parser, parser.feed(piece.text))
+                    yield chunk(text, None, piece.token_ids, calls=calls, logprobs=logprobs_of(piece.logprobs))
             if piece.finish_reason is not None:
                 completion = piece.completion
-                yield chunk(None if kind == "chat" else "", piece.finish_reason)
+                finish: str = piece.finish_reason
+                if parser is not None:
+                    text, calls = _parsed(parser, parser.finish())
+                    if text or calls:
+                        yield chunk(text, None, calls=calls)
+                    if parser.calls:
+                        finish = "tool_calls"
+                yield chunk(None if kind == "chat" else "", finish)
         if include_usage and completion is not None:
             yield _sse({**base, "choices": [], "usage": _usage(completion, turn).model_dump()})
         yield "data: [DONE]\n\n"
@@ -847,6 +944,15 @@ async def _events(
         yield _sse(error_body("the server failed while generating", "server_error", code="internal_error"))
     finally:
         over.cancel()
+
+
+def _parsed(parser: ToolCallParser, pieces: list[str | ToolCall]) -> tuple[str | None, list[dict[str, Any]]]:
+    """A parser's released pieces as one content delta (None when only calls) and ``delta.tool_calls``."""
+    text = "".join(p for p in pieces if isinstance(p, str))
+    calls = [p for p in pieces if not isinstance(p, str)]
+    first = len(parser.calls) - len(calls)
+    deltas = [{"index": first + i, **call.to_dict()} for i, call in enumerate(calls)]
+    return (text if text or not calls else None), deltas
 
 
 class _ClosingStreamingResponse(StreamingResponse):

@@ -32,7 +32,7 @@ from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, Po
 from ..interfaces import Backend, Executed, ModelScorer, Scorer
 from ..pipeline import Pipeline
 from ..policies import Policy, build_pipeline, list_policies, load_policy
-from ..prompt import PromptInput
+from ..prompt import PromptInput, ToolsInput
 from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, REQUEST_CANCEL, QueuedScorer, ScoringQueue
 from ..selection import DenseBelow
 from ..types import (
@@ -506,9 +506,14 @@ class ServingEngine:
 
     # ------------------------------------------------------------------ preparing requests
     def prepare(
-        self, prompt_input: PromptInput | Prompt | None, options: SpecPrefillOptions | None, sampling: dict[str, Any]
+        self,
+        prompt_input: PromptInput | Prompt | None,
+        options: SpecPrefillOptions | None,
+        sampling: dict[str, Any],
+        tools: ToolsInput | None = None,
     ) -> Prepared:
-        """Resolve a request (in a worker thread): tokenize, check limits, pick the pipeline.
+        """Resolve a request (in a worker thread): tokenize (``tools`` through the chat template), check
+        limits, pick the pipeline.
 
         Raises:
             InvalidRequestError, PolicyError, ContextTooLongError: 400.
@@ -530,7 +535,7 @@ class ServingEngine:
         if prompt_input is None:
             raise InvalidRequestError("the request has no prompt", param="messages")
         pipeline = self.pipeline_for(options)
-        prompt = pipeline.prompt(prompt_input)
+        prompt = pipeline.prompt(prompt_input, tools=tools)
         if any(not 0 <= t < self.vocab_size for t in prompt.token_ids):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
         self._check_prompt_length(prompt.n)

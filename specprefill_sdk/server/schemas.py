@@ -6,10 +6,11 @@ OpenAI clients send the extension with ``extra_body``::
                                    extra_body={"specprefill": {"keep_rate": 0.2, "look_ahead": 4}})
 
 Top-level request objects ignore unknown OpenAI fields (clients add new ones often), but every
-field that would change the answer and that this server cannot honour (``n`` > 1, ``logprobs``,
-``tools``, ``response_format`` JSON modes, ``logit_bias``, ...) is declared and refused with a 400
-naming it (``code: unsupported_parameter``); the ``specprefill`` object forbids unknown fields, so a
-typo is an error rather than silently ignored.
+field that would change the answer and that this server cannot honour (``n`` > 1, ``tool_choice``
+``"required"``, ``response_format`` JSON modes, ``logit_bias``, ...) is declared and refused with a
+400 naming it (``code: unsupported_parameter``); the ``specprefill`` object forbids unknown fields, so
+a typo is an error rather than silently ignored. ``tools`` (for models whose chat template renders
+them), ``logprobs`` and ``top_logprobs`` are served.
 """
 
 from __future__ import annotations
@@ -17,17 +18,21 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from ..types import MAX_LOGPROBS
 
 __all__ = [
     "ChatChoice",
     "ChatCompletion",
     "ChatCompletionChunk",
     "ChatCompletionRequest",
+    "ChatLogprobs",
     "ChatMessage",
     "ChunkChoice",
     "CompletionChoice",
+    "CompletionLogprobs",
     "CompletionRequest",
     "ContentPart",
     "ConversationCapability",
@@ -37,6 +42,7 @@ __all__ = [
     "ConversationTurn",
     "ConversationUsage",
     "DeltaMessage",
+    "DeltaToolCall",
     "DetokenizeRequest",
     "DetokenizeResponse",
     "ErrorDetail",
@@ -51,8 +57,14 @@ __all__ = [
     "StreamOptions",
     "TextCompletion",
     "TextCompletionChunk",
+    "TokenLogprobInfo",
     "TokenizeRequest",
     "TokenizeResponse",
+    "ToolCallFunction",
+    "ToolCallObject",
+    "ToolDefinition",
+    "ToolFunction",
+    "TopLogprob",
     "UsageInfo",
     "WarmUpReport",
 ]
@@ -88,8 +100,11 @@ def _refuse(refused: Callable[[Any], bool], message: str) -> AfterValidator:
     return AfterValidator(check)
 
 
-_TOOLS_REFUSED = "tool calling is not served: this server answers with text only; leave tools and tool_choice out"
-#: ``tool_choice`` / ``function_call`` values that ask for no call at all.
+_TOOL_CHOICE_REFUSED = (
+    "not served: only 'auto' and 'none' are; this server does not constrain decoding, so it cannot force a call "
+    "('required') or a named function; send 'auto' (the model decides) or 'none'"
+)
+#: ``tool_choice`` / ``function_call`` values that force no call.
 _NO_CALL = ("none", "auto")
 
 
@@ -269,12 +284,49 @@ class ContentPart(_Lenient):
     text: Text | None = None
 
 
+class ToolCallFunction(_Lenient):
+    """The function of a tool call: its name and its arguments as JSON text."""
+
+    name: Text = Field(min_length=1, max_length=256)
+    arguments: Text = Field(description="JSON text of an object, as the model wrote it.")
+
+
+class ToolCallObject(_Lenient):
+    """A tool call of an assistant message (in a request's history, and in an answer)."""
+
+    id: Text = Field(max_length=256)
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(_Lenient):
-    """One chat message."""
+    """One chat message; ``tool_calls`` (assistant) and ``tool_call_id`` (role ``tool``) reach the chat template."""
 
     role: Text = Field(min_length=1, max_length=64)
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
+    tool_calls: list[ToolCallObject] | None = Field(None, max_length=128)
+    tool_call_id: Text | None = Field(None, max_length=256)
+
+
+class ToolFunction(_Strict):
+    """A function the model may call: OpenAI's ``tools[].function``."""
+
+    name: Text = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    description: Text | None = None
+    parameters: dict[str, Any] | None = Field(None, description="A JSON Schema object of the arguments.")
+    strict: bool | None = Field(
+        None,
+        description="Passed to the chat template; decoding is not constrained to the schema (as vLLM without "
+        "structured outputs).",
+    )
+
+
+class ToolDefinition(_Strict):
+    """One entry of ``tools``."""
+
+    type: Literal["function"]
+    function: ToolFunction
 
 
 class StreamOptions(_Lenient):
@@ -343,31 +395,49 @@ class ChatCompletionRequest(_SamplingFields):
         description="The conversation (required unless specprefill.prompt_token_ids is given).",
     )
     max_completion_tokens: int | None = Field(None, ge=1, strict=True, description="Alias of max_tokens.")
-    logprobs: Annotated[bool | None, _refuse(bool, "logprobs are not served: leave logprobs out or send false")] = (
-        Field(None, strict=True, description="Not served: only false or absent.")
+    logprobs: bool | None = Field(
+        None, strict=True, description="Return each generated token's log-probability (choices[].logprobs.content)."
     )
-    top_logprobs: Annotated[int | None, _refuse(bool, "logprobs are not served: leave top_logprobs out or send 0")] = (
-        Field(None, ge=0, strict=True, description="Not served: only 0 or absent.")
+    top_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        strict=True,
+        description=f"With logprobs: also the 0 to {MAX_LOGPROBS} most likely tokens of each step.",
     )
-    tools: Annotated[list[Any] | None, _refuse(bool, _TOOLS_REFUSED)] = Field(
-        None, description="Not served: only absent or empty."
+    tools: list[ToolDefinition] | None = Field(
+        None,
+        max_length=128,
+        description="Functions the model may call: rendered by the model's chat template (400 when it has no tool "
+        "support); calls in the Hermes/Qwen <tool_call> format come back as tool_calls.",
     )
-    tool_choice: Annotated[Any, _refuse(lambda c: c not in _NO_CALL, _TOOLS_REFUSED)] = Field(
-        None, description='Not served: only absent, "none" or "auto" (without tools).'
+    tool_choice: Annotated[Any, _refuse(lambda c: c not in _NO_CALL, _TOOL_CHOICE_REFUSED)] = Field(
+        None, description='"auto" (default with tools: the model decides) or "none" (no calls parsed); others refused.'
     )
+    parallel_tool_calls: Annotated[
+        bool | None,
+        _refuse(lambda p: p is False, "false is not served: this server cannot stop a model at its first call"),
+    ] = Field(None, strict=True, description="Only true or absent: every call the model writes is returned.")
     functions: Annotated[
         list[Any] | None,
-        _refuse(
-            bool, "deprecated in OpenAI's API (replaced by tools) and not served; tool calling is not served either"
-        ),
-    ] = Field(None, description="Deprecated by OpenAI; not served: only absent or empty.")
+        _refuse(bool, "deprecated in OpenAI's API and not served: send them as tools"),
+    ] = Field(None, description="Deprecated by OpenAI (replaced by tools); not served: only absent or empty.")
     function_call: Annotated[
         Any,
-        _refuse(
-            lambda c: c not in _NO_CALL,
-            "deprecated in OpenAI's API (replaced by tool_choice) and not served; tool calling is not served either",
-        ),
+        _refuse(lambda c: c not in _NO_CALL, "deprecated in OpenAI's API and not served: send tools and tool_choice"),
     ] = Field(None, description='Deprecated by OpenAI; not served: only absent, "none" or "auto".')
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and info.data.get("logprobs") is not True:
+            raise PydanticCustomError("logprobs_required", "top_logprobs needs logprobs: true")
+        return value
+
+    @property
+    def top_logprob_count(self) -> int | None:
+        """The alternatives per token the request asks for (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 PromptField = Text | list[int] | list[Text] | list[list[int]]
@@ -382,8 +452,12 @@ class CompletionRequest(_SamplingFields):
     echo: Annotated[bool | None, _refuse(bool, "not served: leave it out or send false")] = Field(
         None, strict=True, description="Not served: only false or absent."
     )
-    logprobs: Annotated[int | None, _refuse(lambda _: True, "logprobs are not served: leave logprobs out")] = Field(
-        None, ge=0, strict=True, description="Not served: only absent or null."
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_LOGPROBS,
+        strict=True,
+        description=f"Return each token's log-probability and the 0 to {MAX_LOGPROBS} most likely tokens of its step.",
     )
     best_of: Annotated[
         int | None, _refuse(lambda n: n > 1, "more than one candidate is not served: send best_of=1 or leave it out")
@@ -438,16 +512,40 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float = Field(description="Natural log; -9999.0 stands for -inf.")
+    bytes: list[int] | None
+
+
+class TokenLogprobInfo(TopLogprob):
+    """One generated token: its log-probability and the most likely tokens of its step."""
+
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobInfo] | None
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] = Field(description="Per token: the most likely tokens and the chosen one.")
+    text_offset: list[int]
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallObject] | None = Field(None, description="The calls the model wrote (with tools).")
 
 
 class ChatChoice(BaseModel):
     index: int = 0
     message: ChatResponseMessage
-    finish_reason: Literal["stop", "length"]
-    logprobs: None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = Field(None, description="Generated ids (specprefill.return_token_ids).")
 
 
@@ -461,16 +559,23 @@ class ChatCompletion(BaseModel):
     system_fingerprint: str | None = None
 
 
+class DeltaToolCall(ToolCallObject):
+    """A streamed tool call: each call comes whole, in one chunk."""
+
+    index: int
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChunkChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
-    finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    finish_reason: Literal["stop", "length", "tool_calls"] | None = None
+    logprobs: ChatLogprobs | None = None
     token_ids: list[int] | None = None
 
 
@@ -488,7 +593,7 @@ class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: Literal["stop", "length"] | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     token_ids: list[int] | None = None
 
 

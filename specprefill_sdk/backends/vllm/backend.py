@@ -34,6 +34,7 @@ from ...types import (
     FinishReason,
     SamplingParams,
     Timings,
+    TokenLogprob,
     Usage,
 )
 from ..base import BackendBase
@@ -322,10 +323,13 @@ class VLLMBackend(BackendBase):
             extra_args=extra,
             output_kind=RequestOutputKind.CUMULATIVE,
             detokenize=self._engine_detokenizes,
+            logprobs=params.logprobs,
         )
         return vllm_prompt, vllm_params
 
-    def _completion(self, prompt: CompressedPrompt, output: Any, t0: float, t_first: float | None) -> Completion:
+    def _completion(
+        self, prompt: CompressedPrompt, output: Any, t0: float, t_first: float | None, top: int | None = None
+    ) -> Completion:
         out = output.outputs[0]
         reason = out.finish_reason
         finish: FinishReason = "length" if reason == "length" else "stop"
@@ -344,6 +348,7 @@ class VLLMBackend(BackendBase):
             usage=Usage(prompt_tokens=prompt.n, kept_tokens=prompt.kept, completion_tokens=len(out.token_ids)),
             timings=Timings(prefill=ttft, ttft=ttft, total=_ms(t0, t_end)),
             model=self._name,
+            logprobs=None if top is None else _logprobs(out, top),
         )
 
     def _events(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[tuple[Any, float]]:
@@ -377,7 +382,7 @@ class VLLMBackend(BackendBase):
                 t_first = now
             last = output
         assert last is not None
-        return self._completion(prompt, last, t0, t_first)
+        return self._completion(prompt, last, t0, t_first, params.logprobs)
 
     def stream(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[CompletionChunk]:
         """Yield text deltas as vLLM produces them; the last chunk carries the `Completion`."""
@@ -389,17 +394,20 @@ class VLLMBackend(BackendBase):
             if t_first is None and out.token_ids:
                 t_first = now
             text, ids = out.text or "", tuple(int(t) for t in out.token_ids)
+            # Outputs are cumulative: a chunk's log-probabilities are those of its new tokens.
+            logprobs = () if params.logprobs is None else _logprobs(out, params.logprobs)[sent_tokens:]
             if output.finished:
-                completion = self._completion(prompt, output, t0, t_first)
+                completion = self._completion(prompt, output, t0, t_first, params.logprobs)
                 yield CompletionChunk(
                     text=text[sent_text:],
                     token_ids=ids[sent_tokens:],
+                    logprobs=logprobs,
                     finish_reason=completion.finish_reason,
                     completion=completion,
                 )
                 return
             if len(ids) > sent_tokens:
-                yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:])
+                yield CompletionChunk(text=text[sent_text:], token_ids=ids[sent_tokens:], logprobs=logprobs)
                 sent_text, sent_tokens = len(text), len(ids)
 
     def generate_batch(self, prompts: Sequence[CompressedPrompt], params: SamplingParams) -> list[Completion]:
@@ -421,7 +429,7 @@ class VLLMBackend(BackendBase):
                         # own first-token time when it is recorded, else this (late) wall time.
                         t_first = self._first_token_time(output, t0) or now
                     if output.finished:
-                        results[i] = self._completion(prompt, output, t0, t_first)
+                        results[i] = self._completion(prompt, output, t0, t_first, params.logprobs)
                         self._driver.done(rid)
                         break
         finally:
@@ -438,3 +446,23 @@ class VLLMBackend(BackendBase):
             return None
         # vLLM stamps with time.monotonic(); convert to the perf_counter clock used here.
         return time.perf_counter() - (time.monotonic() - float(first))
+
+
+def _logprobs(out: Any, top: int) -> tuple[TokenLogprob, ...]:
+    """A vLLM ``CompletionOutput``'s log-probabilities (``SamplingParams(logprobs=top)``) as `TokenLogprob` entries.
+
+    Each step of ``out.logprobs`` maps token ids to ``Logprob(logprob, rank, ...)``: the ``top`` most
+    likely tokens (ranks 1 to ``top``) and the sampled one, whatever its rank.
+    """
+    steps = out.logprobs or ()
+    entries = []
+    for token, step in zip(out.token_ids, steps, strict=False):
+        ranked = sorted(
+            ((int(t), lp) for t, lp in step.items() if lp.rank is not None and lp.rank <= top), key=lambda p: p[1].rank
+        )
+        chosen = step.get(int(token))
+        logprob = float(chosen.logprob) if chosen is not None else float("-inf")
+        entries.append(
+            TokenLogprob(token_id=int(token), logprob=logprob, top=tuple((t, float(lp.logprob)) for t, lp in ranked))
+        )
+    return tuple(entries)
