@@ -134,3 +134,24 @@ def test_the_two_openai_shapes(tokenizer: Any) -> None:
         "top_logprobs": [{"Hello": -0.5, " world": -1.5}, {"Hello": -0.1, " world": -9999.0}],
         "text_offset": [3, 8],
     }
+
+
+def test_the_http_backend_refuses_logprobs_before_sending(tokenizer: Any) -> None:
+    import asyncio
+
+    from specprefill_sdk.backends.openai import OpenAIBackend
+
+    # Nothing listens on port 1: a request that went out would fail as unreachable, not as refused.
+    backend = OpenAIBackend("http://127.0.0.1:1/v1", model="m", tokenizer=tokenizer, mode="text")
+    prompt = CompressedPrompt.dense(build_prompt(tokenizer, "Hello"))
+    params = SamplingParams(max_tokens=2, logprobs=1)
+    calls = [
+        lambda: backend.generate(prompt, params),
+        lambda: next(iter(backend.stream(prompt, params))),
+        lambda: asyncio.run(backend.agenerate(prompt, params)),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidRequestError) as info:
+            call()
+        assert info.value.param == "logprobs" and info.value.code == "unsupported_parameter"
+    backend.close()

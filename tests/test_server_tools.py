@@ -214,7 +214,13 @@ def test_a_conversation_with_a_tool_result_is_served(server: ServerProcess, tool
     answer = httpx.post(f"{server.api}/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     # the server prefilled exactly the prompt the template writes for the call and its result
-    assert answer.json()["usage"]["prompt_tokens"] == build_prompt(tool_tokenizer, _with_result(), tools=TOOLS).n
+    expected = build_prompt(tool_tokenizer, _with_result(), tools=TOOLS)
+    assert answer.json()["usage"]["prompt_tokens"] == expected.n
+    # and its tokenize route counts the same ids (vLLM's tokenize takes tools too)
+    body = {"model": "tools", "messages": _with_result(), "tools": TOOLS}
+    tokens = httpx.post(f"{server.base}/tokenize", json=body, timeout=60)
+    assert tokens.status_code == 200, tokens.text
+    assert tokens.json()["tokens"] == list(expected.token_ids)
 
 
 @pytest.mark.parametrize(

@@ -471,16 +471,15 @@ def _add_token_routes(router: APIRouter, engine: ServingEngine) -> None:
             )
         ctx = RequestContext(request.headers)
         prompt_input: PromptInput = (
-            body.prompt
-            if body.prompt is not None
-            else [{"role": m.role, "content": _content(m.content)} for m in body.messages or []]
+            body.prompt if body.prompt is not None else [_message(m) for m in body.messages or []]
         )
+        tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
 
         def run() -> Prompt:
             from ..prompt import build_prompt
 
             return build_prompt(
-                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt
+                engine.backend.tokenizer, prompt_input, add_generation_prompt=body.add_generation_prompt, tools=tools
             )
 
         ticket = await engine.admission.acquire()

@@ -480,6 +480,9 @@ class TokenizeRequest(_Lenient):
         description="As vLLM: true for prompt, false for messages (the template writes them); only that value.",
     )
     return_token_strs: bool = Field(False, description="Add each token's string (token_strs).")
+    tools: list[ToolDefinition] | None = Field(
+        None, max_length=128, description="With messages: tool definitions, rendered by the chat template."
+    )
     continue_final_message: Annotated[
         bool | None, _refuse(bool, "not served: the last message is always closed; leave it out or send false")
     ] = None
