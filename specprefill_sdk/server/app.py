@@ -770,7 +770,7 @@ def _response(
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
     usage = _usage(completion, turn).model_dump()
-    text, entries = shape.token_text, completion.logprobs
+    token_text, entries = shape.token_text, completion.logprobs
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": completion.text}
         finish: str = completion.finish_reason
@@ -783,11 +783,11 @@ def _response(
             "index": 0,
             "message": message,
             "finish_reason": finish,
-            "logprobs": None if entries is None or text is None else chat_logprobs(entries, text),
+            "logprobs": None if entries is None or token_text is None else chat_logprobs(entries, token_text),
         }
         obj, prefix = "chat.completion", "chatcmpl"
     else:
-        logprobs = None if entries is None or text is None else completion_logprobs(entries, text)
+        logprobs = None if entries is None or token_text is None else completion_logprobs(entries, token_text)
         choice = {"index": 0, "text": completion.text, "finish_reason": completion.finish_reason, "logprobs": logprobs}
         obj, prefix = "text_completion", "cmpl"
     if ids is not None:
