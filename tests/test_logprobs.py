@@ -155,3 +155,22 @@ def test_the_http_backend_refuses_logprobs_before_sending(tokenizer: Any) -> Non
             call()
         assert info.value.param == "logprobs" and info.value.code == "unsupported_parameter"
     backend.close()
+
+
+def test_vllm_logprobs_become_token_logprob_entries() -> None:
+    from types import SimpleNamespace
+
+    from specprefill_sdk.backends.vllm.backend import _logprobs
+
+    def lp(value: float, rank: int) -> SimpleNamespace:  # vLLM's Logprob(logprob, rank, decoded_token)
+        return SimpleNamespace(logprob=value, rank=rank, decoded_token=None)
+
+    # vLLM gives the `top` most likely tokens of each step and the sampled one, whatever its rank.
+    out = SimpleNamespace(
+        token_ids=[7, 9],
+        logprobs=[{5: lp(-0.2, 1), 7: lp(-2.5, 3), 6: lp(-1.9, 2)}, {9: lp(-0.1, 1), 4: lp(-3.0, 2)}],
+    )
+    first, second = _logprobs(out, 2)
+    assert first == TokenLogprob(7, -2.5, ((5, -0.2), (6, -1.9)))
+    assert second == TokenLogprob(9, -0.1, ((9, -0.1), (4, -3.0)))
+    assert [e.top for e in _logprobs(out, 0)] == [(), ()]
