@@ -514,6 +514,7 @@ def _model_card(engine: ServingEngine) -> ModelCard:
                 default_strategy=engine.default_strategy,
                 ttl_s=engine.conversations.ttl_s,
                 max_conversations=engine.conversations.max_conversations,
+                max_conversations_per_key=engine.conversations.max_per_owner,
             )
             if engine.conversations.enabled
             else None,

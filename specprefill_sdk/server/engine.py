@@ -271,7 +271,9 @@ class ServingEngine:
         self.vocab_size = len(backend.tokenizer)
         self.max_context = int(backend.max_context)
         #: Conversations kept on the server (``specprefill.conversation_id``).
-        self.conversations = ConversationStore(config.session_ttl, config.max_sessions)
+        self.conversations = ConversationStore(
+            config.session_ttl, config.max_sessions, max_per_owner=config.sessions_per_key or None
+        )
         self.default_strategy = config.session_strategy
         #: The draft model's name (None without a draft scorer), as every pipeline here reports it.
         self.draft_name = self.pipeline_for_disabled().draft_name

@@ -519,6 +519,7 @@ class ConversationCapability(BaseModel):
     default_strategy: str
     ttl_s: float = Field(description="Seconds a conversation may stay idle before it expires.")
     max_conversations: int = Field(description="Conversations stored at once (least recently used evicted).")
+    max_conversations_per_key: int = Field(description="Conversations one API key may hold at once.")
 
 
 class SpecPrefillCapability(BaseModel):
