@@ -36,6 +36,7 @@ from fastapi.security import HTTPBearer
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
+from .._cancel import GenerationStopped
 from ..conversation import STRATEGIES
 from ..errors import InvalidRequestError, NotFoundError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Backend, Calibrated, Executed, LocalBackend, Scorer
@@ -44,7 +45,7 @@ from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt
 from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
-from .engine import GenerationStopped, RequestContext, ServingEngine, StreamHandle, Turn, check_chat_template
+from .engine import RequestContext, ServingEngine, StreamHandle, Turn, check_chat_template
 from .errors import ShuttingDownError, error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck, Ticket
 from .request_id import RequestIdMiddleware, request_id
@@ -595,7 +596,7 @@ async def _serve(
         try:
             prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling)
             if not body.stream:
-                completion = await departure.run(engine.run_generate, prepared, ctx.cancelled)
+                completion = await departure.run(engine.run_generate, prepared)
                 engine.finished(ctx, ticket, prepared, completion)
                 return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid))
             # A stream learns of a disconnect from its response, once that begins.
@@ -650,7 +651,7 @@ async def _serve_turn(
             try:
                 turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
                 if not body.stream:
-                    completion = await departure.run(engine.run_turn, turn, ctx.cancelled)
+                    completion = await departure.run(engine.run_turn, turn)
                     engine.finished(ctx, ticket, turn, completion)
                     payload = _response(
                         "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn
@@ -692,8 +693,8 @@ class _Departure:
     so until then nothing else would notice a disconnect (the request's body was read before).
     When the client leaves, the request is cancelled (`ServingEngine.cancel`): a request still
     waiting for a slot gives up its place in the queue, a prompt waiting to be scored is dropped,
-    and a generation stops at its next token (`ServingEngine.run_generate`); `ServingEngine.left`
-    records it.
+    and a generation stops at its next token (the transformers backend's ``generate`` and
+    `ServingEngine.run_turn` read the request's cancel event); `ServingEngine.left` records it.
     """
 
     def __init__(self, request: Request, engine: ServingEngine, ctx: RequestContext) -> None:

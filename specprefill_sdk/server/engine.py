@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
+from .._cancel import REQUEST_CANCEL, check_cancelled
 from ..conversation import STRATEGIES, Conversation
 from ..errors import (
     ContextTooLongError,
@@ -34,14 +35,13 @@ from ..errors import (
     ModelLoadError,
     NotFoundError,
     PolicyError,
-    RequestCancelledError,
     SpecPrefillError,
 )
 from ..interfaces import Backend, Executed, ModelScorer, Scorer
 from ..pipeline import Pipeline
 from ..policies import Policy, build_pipeline, list_policies, load_policy
 from ..prompt import PromptInput
-from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, REQUEST_CANCEL, QueuedScorer, ScoringQueue
+from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, QueuedScorer, ScoringQueue
 from ..selection import DenseBelow
 from ..types import (
     Completion,
@@ -62,7 +62,6 @@ if TYPE_CHECKING:
     from .metrics import ServerMetrics
 
 __all__ = [
-    "GenerationStopped",
     "RequestContext",
     "ServingEngine",
     "StreamHandle",
@@ -420,8 +419,9 @@ class ServingEngine:
     def cancel(self, ctx: RequestContext) -> None:
         """Cancel a request whose client went away: its prompt still waiting to be scored is dropped.
 
-        The request's step that waited for it raises `RequestCancelledError` (no dense fallback);
-        work already running (a batch being scored, a prefill, decoding) is not interrupted here.
+        The request's step that waited for it raises `RequestCancelledError` (no dense fallback); a
+        non-streaming generation on the transformers backend, and a conversation turn, stop at their
+        next token (`GenerationStopped`). A batch being scored and a prefill run to their end.
         """
         if self.scoring is not None:
             dropped = self.scoring.cancel(ctx.cancelled)
@@ -661,26 +661,17 @@ class ServingEngine:
         return CompressedPrompt(token_ids=tuple(ids), position_ids=tuple(positions), n=n)
 
     # ------------------------------------------------------------------ running
-    def run_generate(self, prepared: Prepared, cancelled: threading.Event | None = None) -> Completion:
-        """Generate (in a worker thread); with ``cancelled``, stop at the next token once it is set.
+    def run_generate(self, prepared: Prepared) -> Completion:
+        """Generate (in a worker thread).
 
         Raises:
-            GenerationStopped: ``cancelled`` was set (the client went away) before the end.
+            GenerationStopped: the request was cancelled (`cancel`) while it generated: the
+                transformers backend stops at its next token.
         """
-        chunks = self.open_stream(prepared)
-        generated = 0
-        try:
-            for chunk in chunks:
-                if chunk.completion is not None:
-                    return chunk.completion
-                generated += len(chunk.token_ids)
-                if cancelled is not None and cancelled.is_set():
-                    raise GenerationStopped(generated, prepared.params.max_tokens)
-        finally:
-            close = getattr(chunks, "close", None)
-            if close is not None:
-                close()
-        raise SpecPrefillError("the generation ended without a completion", code="internal_error")
+        if prepared.compressed is not None:
+            return self.backend.generate(prepared.compressed, prepared.params)
+        assert prepared.pipeline is not None and prepared.prompt is not None
+        return prepared.pipeline.generate(prepared.prompt, prepared.params)
 
     def open_stream(self, prepared: Prepared) -> Iterator[CompletionChunk]:
         """Start a stream (in a worker thread); closing the iterator stops the generation."""
@@ -762,10 +753,12 @@ class ServingEngine:
                 param=f"specprefill.{fixed[0]}",
             )
 
-    def run_turn(self, turn: Turn, cancelled: threading.Event | None = None) -> Completion:
-        """Answer a conversation turn (in a worker thread); ``cancelled`` as in `run_generate`.
+    def run_turn(self, turn: Turn) -> Completion:
+        """Answer a conversation turn (in a worker thread).
 
-        A turn stopped that way keeps its answer so far in the history, as a stream closed early does.
+        Raises:
+            GenerationStopped: the request was cancelled (`cancel`): the turn stops at its next
+                token and keeps its answer so far in the history, as a stream closed early does.
         """
         chunks = self._turn_chunks(turn)
         generated = 0
@@ -774,8 +767,7 @@ class ServingEngine:
                 if chunk.completion is not None:
                     return chunk.completion
                 generated += len(chunk.token_ids)
-                if cancelled is not None and cancelled.is_set():
-                    raise GenerationStopped(generated, turn.params.max_tokens)
+                check_cancelled(generated, turn.params.max_tokens)
         finally:
             chunks.close()
         raise SpecPrefillError("the turn ended without a completion", code="internal_error")
@@ -859,16 +851,6 @@ def check_chat_template(backend: Backend) -> None:
             "or remove it to serve text completions only",
             code="invalid_chat_template",
         ) from exc
-
-
-class GenerationStopped(RequestCancelledError):
-    """A generation stopped midway because its client went away; ``generated`` tokens were made."""
-
-    def __init__(self, generated: int, max_tokens: int) -> None:
-        super().__init__(
-            f"the client went away: the generation stopped after {generated} of at most {max_tokens} tokens"
-        )
-        self.generated = generated
 
 
 def _special_token_texts(tokenizer: Any) -> tuple[str, ...]:
