@@ -722,12 +722,19 @@ class _Departure:
         """A slot (`Admission.acquire`), unless the client leaves first (`RequestCancelledError`)."""
         assert self._watcher is not None
         acquire = asyncio.ensure_future(self._engine.admission.acquire())
-        await asyncio.wait({acquire, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not acquire.done():
+        try:
+            await asyncio.wait({acquire, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this request's task was cancelled: its place in the queue goes too
+            acquire.cancel()
+            raise
+        gave_up = not acquire.done()
+        if gave_up:
             acquire.cancel()
         try:
             ticket = await acquire
         except asyncio.CancelledError:
+            if not gave_up:
+                raise
             self._engine.left()
             raise RequestCancelledError("the client went away while its request waited for a slot") from None
         if self._ctx.cancelled.is_set():
