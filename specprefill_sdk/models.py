@@ -431,7 +431,11 @@ def load_model(
                     str(source), dtype=dt, local_files_only=True, attn_implementation=attn_implementation
                 )
         except Exception as exc:
-            raise ModelLoadError(f"could not load model {spec!r} from {source}: {exc}") from exc
+            message = f"could not load model {spec!r} from {source}: {exc}"
+            if isinstance(source, Path) and source.parent == cache_dir() / "models":
+                # A folder this module converted (an interrupted write, a full disk): it is only a cache.
+                message += f"; that folder is a converted copy: delete it ({source}) and the next load rebuilds it"
+            raise ModelLoadError(message) from exc
         model.to(dev)  # type: ignore[arg-type]
         model.eval()
         if not getattr(tokenizer, "is_fast", False):

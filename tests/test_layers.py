@@ -65,6 +65,7 @@ LAYERS: dict[str, str] = {
     "_aio": "floor",
     "_timing": "floor",
     "cost": "floor",
+    "_cancel": "floor",
 }
 
 #: Rooms of one layer that must not know each other: (importer prefix, imported prefix).

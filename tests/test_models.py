@@ -76,3 +76,15 @@ def test_loading_draws_no_progress_bars_and_logs_one_line() -> None:
     loaded = [line for line in done.stderr.splitlines() if "loaded smollm2-135m" in line]
     assert len(loaded) == 1 and "LlamaForCausalLM" in loaded[0] and "on cpu" in loaded[0], done.stderr
     assert done.stdout.strip() == "True"  # the bars are the caller's again after loading
+
+
+def test_a_corrupt_converted_model_says_deleting_its_folder_rebuilds_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPECPREFILL_CACHE", str(tmp_path))
+    folder = tmp_path / "models" / "smollm2-135m"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"model_type": "llama", "hidden_')  # a write cut short
+    with pytest.raises(ModelLoadError) as err:
+        load_model("smollm2-135m", device="cpu", dtype="float16", progress=False)
+    assert f"delete it ({folder})" in str(err.value) and "rebuilds it" in str(err.value)

@@ -50,6 +50,7 @@ def test_the_cli_builds_the_config_from_its_options_and_the_key_variable() -> No
         ("session_ttl", 0),
         ("session_ttl", float("inf")),
         ("max_sessions", -1),
+        ("max_sessions_per_key", 0),
         ("session_strategy", "forget"),
         ("warmup_tokens", -1),
         ("port", 70000),
@@ -253,6 +254,21 @@ def test_serve_reads_its_defaults_from_the_environment_and_the_command_line_wins
     config = config_from_args(args, environ=environ)
     assert (config.max_queue, config.port, config.log_level, config.api_keys) == (7, 0, "debug", ("k3",))
     assert config.policy == "conservative" and config.max_body_bytes == 2048  # the rest still from the environment
+
+
+def test_each_key_gets_a_share_of_the_conversations_set_by_option_or_variable() -> None:
+    from specprefill_sdk.cli.serve import config_from_args
+
+    # By default the store is shared out evenly among the keys (rounded up); all of it without keys.
+    assert ServerConfig(max_sessions=32).sessions_per_key == 32
+    assert ServerConfig(max_sessions=32, api_keys=("a", "b", "c")).sessions_per_key == 11
+    assert ServerConfig(max_sessions=4, max_sessions_per_key=9).sessions_per_key == 4
+    environ = {"SPECPREFILL_MAX_SESSIONS_PER_KEY": "3", "SPECPREFILL_API_KEY": "a,b"}
+    assert config_from_args(_parse(), environ=environ).sessions_per_key == 3
+    args = _parse("--max-sessions-per-key", "5")
+    assert config_from_args(args, environ=environ).max_sessions_per_key == 5
+    with pytest.raises(InvalidRequestError, match="SPECPREFILL_MAX_SESSIONS_PER_KEY"):
+        config_from_args(_parse(), environ={"SPECPREFILL_MAX_SESSIONS_PER_KEY": "0"})
 
 
 def test_serve_takes_the_engine_and_its_options_from_the_environment_key_by_key() -> None:

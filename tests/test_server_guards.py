@@ -65,32 +65,63 @@ def test_admission_refuses_exactly_the_first_request_beyond_the_bound(concurrenc
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize(
-    ("concurrency", "queue", "expected"),
-    [(1, 0, 1), (1, 3, 4), (2, 2, 2), (3, 1, 2), (1, 80, 60)],
-    ids=["idle-queue", "backlog-4", "two-workers", "rounded-up", "capped"],
-)
-def test_retry_after_grows_with_the_backlog_per_worker(concurrency: int, queue: int, expected: int) -> None:
-    # A fresh queue assumes one second per request: a full queue of (running + waiting) requests on
-    # `concurrency` workers drains in about ceil(backlog / concurrency) seconds, at least 1, at most 60.
-    async def scenario() -> int:
-        admission = Admission(max_concurrency=concurrency, max_queue=queue)
-        running = [await admission.acquire() for _ in range(concurrency)]
-        waiters = [asyncio.create_task(admission.acquire()) for _ in range(queue)]
-        for _ in range(50):
-            if admission.stats().waiting == queue:
-                break
-            await asyncio.sleep(0)
-        with pytest.raises(OverloadedError) as refused:
-            await admission.acquire()
-        assert refused.value.retry_after == admission.retry_after()
-        for ticket in running:
-            admission.release(ticket)
-        for task in waiters:
-            admission.release(await task)
-        return refused.value.retry_after
+class _Clock:
+    """A clock the test moves by hand (seconds)."""
 
-    assert asyncio.run(scenario()) == expected
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _refused_after(admission: Admission, clock: _Clock, seconds: float, served: int = 30) -> int:
+    """Serve ``served`` requests of ``seconds`` each, fill the queue, and return the refusal's Retry-After."""
+    for _ in range(served):
+        ticket = await admission.acquire()
+        clock.now += seconds
+        admission.release(ticket)
+    running = [await admission.acquire() for _ in range(admission.max_concurrency)]
+    waiters = [asyncio.create_task(admission.acquire()) for _ in range(admission.max_queue)]
+    for _ in range(50):
+        if admission.stats().waiting == admission.max_queue:
+            break
+        await asyncio.sleep(0)
+    with pytest.raises(OverloadedError) as refused:
+        await admission.acquire()
+    assert refused.value.retry_after == admission.retry_after()
+    for ticket in running:
+        admission.release(ticket)
+    for task in waiters:
+        admission.release(await task)
+    return refused.value.retry_after
+
+
+@pytest.mark.parametrize(
+    ("concurrency", "queue", "seconds", "expected"),
+    [(1, 8, 2.6, 3), (1, 0, 2.6, 3), (4, 16, 10.0, 3), (2, 2, 0.1, 1), (1, 80, 600.0, 60)],
+    ids=["backlog-of-nine", "no-queue", "four-workers", "quick-requests", "capped"],
+)
+def test_retry_after_is_the_time_until_one_slot_frees(
+    concurrency: int, queue: int, seconds: float, expected: int
+) -> None:
+    # One of `concurrency` workers frees about every seconds / concurrency: a refused client that
+    # comes back then finds room; the whole backlog (queue + running) need not drain first.
+    clock = _Clock()
+    admission = Admission(max_concurrency=concurrency, max_queue=queue, clock=clock)
+    assert asyncio.run(_refused_after(admission, clock, seconds)) == expected
+
+
+def test_quick_requests_shorten_the_retry_after_estimate() -> None:
+    # Each release folds the request's service time into the estimate: requests far quicker than a
+    # slow start bring Retry-After down.
+    clock = _Clock()
+    admission = Admission(max_concurrency=1, max_queue=3, clock=clock)
+
+    async def scenario() -> tuple[int, int]:
+        return await _refused_after(admission, clock, 20.0), await _refused_after(admission, clock, 0.5)
+
+    assert asyncio.run(scenario()) == (20, 1)
 
 
 # ----------------------------------------------------------------------------- API keys
@@ -148,31 +179,6 @@ def test_the_scheme_is_case_insensitive_and_routes_outside_v1_need_no_key(keyed_
     assert response.status_code == 200 and response.json() == {"key": KEYS[1]}
     assert httpx.get(f"{keyed_url}/health").status_code == 200
     assert httpx.get(f"{keyed_url}/v1/whoami").status_code == 401
-
-
-def test_quick_requests_shorten_the_retry_after_estimate() -> None:
-    # Each release folds the request's service time into the estimate: requests that take far less
-    # than the initial guess of one second bring a full queue's Retry-After down from its fresh value.
-    async def scenario() -> tuple[int, int]:
-        admission = Admission(max_concurrency=1, max_queue=3)
-        fresh = 4  # (1 running + 3 waiting) x 1 s, as test_retry_after_grows_with_the_backlog_per_worker pins
-        for _ in range(10):
-            admission.release(await admission.acquire())
-        running = await admission.acquire()
-        waiters = [asyncio.create_task(admission.acquire()) for _ in range(3)]
-        for _ in range(50):
-            if admission.stats().waiting == 3:
-                break
-            await asyncio.sleep(0)
-        with pytest.raises(OverloadedError) as refused:
-            await admission.acquire()
-        admission.release(running)
-        for task in waiters:
-            admission.release(await task)
-        return fresh, refused.value.retry_after
-
-    fresh, after = asyncio.run(scenario())
-    assert 1 <= after < fresh
 
 
 # ----------------------------------------------------------------------------- Host check

@@ -128,6 +128,45 @@ def test_store_evicts_the_least_recently_used_idle_one_and_refuses_when_all_are_
     assert exists.value.code == "conversation_exists"
 
 
+def test_store_gives_each_owner_a_share_and_evicts_its_own_idle_ones_first() -> None:
+    store = ConversationStore(ttl_s=100, max_conversations=4, max_per_owner=2, clock=_Clock())
+    alice, bob = key_owner("alpha"), key_owner("beta")
+    _started(store, bob, "b1")
+    _started(store, alice, "a1")
+    _started(store, alice, "a2")
+    _started(store, alice, "a3")  # beyond alice's share: her least recently used idle one goes
+    with pytest.raises(NotFoundError, match="one API key may hold at most 2"):
+        store.claim(alice, "a1")
+    assert store.claim(bob, "b1").busy
+    # Every one of alice's is busy: her start is refused, though the store has room and bob's is idle.
+    busy = [store.claim(alice, "a2"), store.claim(alice, "a3")]
+    store.release(store.peek(bob, "b1"))
+    with pytest.raises(TooManyConversationsError, match="this API key may hold at most 2"):
+        store.reserve(alice, "a4")
+    for entry in busy:
+        store.release(entry)
+
+
+def test_a_full_store_evicts_the_callers_own_idle_one_then_the_largest_owners() -> None:
+    store = ConversationStore(ttl_s=100, max_conversations=3, max_per_owner=2, clock=_Clock())
+    alice, bob, carol = key_owner("alpha"), key_owner("beta"), key_owner("gamma")
+    _started(store, bob, "b1")
+    _started(store, alice, "a1")
+    _started(store, alice, "a2")
+    held = store.claim(alice, "a1")
+    # Carol holds none: the idle one of the owner holding the most goes (not bob's older one, not a busy one).
+    _started(store, carol, "c1")
+    with pytest.raises(NotFoundError, match="evicted"):
+        store.claim(alice, "a2")
+    assert held.busy and store.peek(bob, "b1").id == "b1"
+    store.release(held)
+    # Full again: carol's next start evicts her own idle one before anyone else's.
+    _started(store, carol, "c2")
+    with pytest.raises(NotFoundError, match="evicted"):
+        store.claim(carol, "c1")
+    assert {store.peek(bob, "b1").id, store.peek(alice, "a1").id, store.peek(carol, "c2").id} == {"b1", "a1", "c2"}
+
+
 def test_store_keys_conversations_by_owner_and_frees_refused_starts() -> None:
     store = ConversationStore(ttl_s=100, max_conversations=4, clock=_Clock())
     alice, bob = key_owner("alpha"), key_owner("beta")
@@ -303,19 +342,31 @@ def test_a_conversation_answers_one_request_at_a_time(server: ServerProcess) -> 
 
 
 @pytest.mark.slow
-def test_the_least_recently_used_conversation_is_evicted(server: ServerProcess) -> None:
-    ids = [f"lru-{i}" for i in range(5)]  # the server holds 4
+def test_a_key_holds_its_share_and_never_evicts_another_keys_conversation(server: ServerProcess) -> None:
+    # Four conversations, two keys: each key may hold two. Key B's conversation is the oldest.
+    theirs = _chat(
+        server,
+        [{"role": "user", "content": "Hi."}],
+        {"conversation_id": "tenant-b", "conversation_start": True, **DENSE},
+        max_tokens=1,
+        headers=AUTH_B,
+    )
+    assert theirs.status_code == 200, theirs.text
+    ids = [f"lru-{i}" for i in range(4)]
     for cid in ids:
         assert _start(server, cid, "Hi.", max_tokens=1).status_code == 200
-    gone = _chat(server, [{"role": "user", "content": "Hello?"}], {"conversation_id": ids[0]}, max_tokens=1)
-    assert gone.status_code == 404 and "evicted" in gone.json()["error"]["message"]
-    assert all(httpx.get(f"{server.api}/conversations/{cid}", headers=AUTH_A).status_code == 200 for cid in ids[1:])
+    for cid in ids[:2]:
+        gone = _chat(server, [{"role": "user", "content": "Hello?"}], {"conversation_id": cid}, max_tokens=1)
+        assert gone.status_code == 404
+        assert "one API key may hold at most 2 conversations" in gone.json()["error"]["message"]
+    assert all(httpx.get(f"{server.api}/conversations/{cid}", headers=AUTH_A).status_code == 200 for cid in ids[2:])
+    assert httpx.get(f"{server.api}/conversations/tenant-b", headers=AUTH_B).status_code == 200
     card = httpx.get(f"{server.api}/models", headers=AUTH_A).json()["data"][0]["specprefill"]
-    assert (
-        card["conversations"]["max_conversations"] == 4 and card["conversations"]["default_strategy"] == "incremental"
-    )
+    conversations = card["conversations"]
+    assert conversations["max_conversations"] == 4 and conversations["max_conversations_per_key"] == 2
+    assert conversations["default_strategy"] == "incremental"
     assert "conversation_id" in card["options"]
-    assert httpx.get(f"{server.base}/health").json()["conversations"] == 4
+    assert httpx.get(f"{server.base}/health").json()["conversations"] == 3
 
 
 @pytest.mark.slow

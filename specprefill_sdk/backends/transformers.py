@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .._cancel import check_cancelled
 from .._timing import elapsed_ms as _ms
 from ..cost import CostCurve, WarmUpReport, measure_curve, warmup_lengths, warmup_token_ids
 from ..errors import ContextTooLongError, InvalidRequestError
@@ -626,10 +627,16 @@ class TransformersBackend(BackendBase):
         Raises:
             InvalidRequestError: ids outside the vocabulary.
             ContextTooLongError: ``n + max_tokens`` exceeds `max_context`.
+            GenerationStopped: the current request's cancel event (`REQUEST_CANCEL`) was set; the
+                generation stopped at the next token.
         """
         last: CompletionChunk | None = None
-        for last in self.stream(prompt, params):  # noqa: B007
-            pass
+        generated = 0
+        for last in self.stream(prompt, params):
+            if last.completion is None:
+                generated += 1
+                # A server's request whose client went away: nobody reads the rest (a stream is closed instead).
+                check_cancelled(generated, params.max_tokens)
         assert last is not None and last.completion is not None
         return last.completion
 

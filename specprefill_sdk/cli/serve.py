@@ -171,6 +171,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"0 serves none (default: {_D.max_sessions})",
     )
     parser.add_argument(
+        "--max-sessions-per-key",
+        type=positive_int,
+        help="conversations one API key may hold at once; its start beyond that evicts its own least recently "
+        "used idle one (default: --max-sessions shared out evenly among the API keys)",
+    )
+    parser.add_argument(
         "--session-strategy",
         choices=STRATEGIES,
         help="strategy of a conversation whose first request names none: recompute, incremental or refresh "

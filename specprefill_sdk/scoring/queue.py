@@ -35,7 +35,6 @@ Example::
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import threading
 import time
@@ -44,6 +43,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from .._cancel import REQUEST_CANCEL  # `QueuedScorer` submits with the request's cancel event
 from ..errors import InvalidRequestError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Scorer
 from ..types import Prompt, TokenScores
@@ -67,12 +67,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BATCH_TOKENS = 16384
 #: How long a batch waits for more prompts after its first one arrived, when nothing else closes it.
 DEFAULT_MAX_WAIT_MS = 5.0
-
-#: The cancel event of the request the current code runs for: `QueuedScorer` submits with it, so a
-#: server that sets it in each request's `contextvars.Context` can drop that request's queued prompt.
-REQUEST_CANCEL: contextvars.ContextVar[threading.Event | None] = contextvars.ContextVar(
-    "specprefill_request_cancel", default=None
-)
 
 
 class ScoringQueueClosedError(SpecPrefillError):

@@ -27,7 +27,7 @@ import uuid
 import warnings
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -36,17 +36,18 @@ from fastapi.security import HTTPBearer
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
+from .._cancel import GenerationStopped
 from ..conversation import STRATEGIES
-from ..errors import InvalidRequestError, NotFoundError, SpecPrefillError
+from ..errors import InvalidRequestError, NotFoundError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Backend, Calibrated, Executed, LocalBackend, Scorer
 from ..prompt import PromptInput
 from ..runtime.settings import ExecutionSettings
 from ..types import Completion, Prompt, TokenLogprob, ToolCall
 from . import DEFAULT_WARMUP_TOKENS
 from .config import DEFAULT_MAX_BODY_BYTES, ServerConfig, is_loopback_host
-from .engine import RequestContext, ServingEngine, StreamHandle, Turn
+from .engine import RequestContext, ServingEngine, StreamHandle, Turn, check_chat_template
 from .errors import ShuttingDownError, error_body, install_error_handlers
-from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck
+from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck, Ticket
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
 from .request_id import RequestIdMiddleware, request_id
 from .schemas import (
@@ -82,6 +83,8 @@ from .tool_calls import ToolCallParser, parse_tool_calls
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "default_warmup_tokens"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorResponse, "description": text}
@@ -129,7 +132,8 @@ def create_app(
     CUDA device, else none); the result is ``app.state.engine.warmed_up``.
 
     Raises:
-        ModelLoadError: the model or draft cannot be loaded.
+        ModelLoadError: the model or draft cannot be loaded, or the model's chat template cannot render a
+            conversation (``code="invalid_chat_template"``).
         PolicyError: unknown default policy.
         InvalidRequestError: an invalid or unknown setting.
         SpecPrefillError: the warm-up request failed (``code="warmup_failed"``).
@@ -146,6 +150,7 @@ def create_app(
             "engine_args configure the vLLM engine that create_app builds; it was given a backend",
             param="engine_args",
         )
+    check_chat_template(backend)  # before the draft loads: a broken model folder fails at once
     if scorer is None:
         scorer = _default_scorer(backend, config, execution, draft_device)
     engine = ServingEngine(
@@ -227,6 +232,7 @@ def create_app(
             max_concurrency=stats.max_concurrency,
             max_queue=stats.max_queue,
             cancelled_streams=engine.cancelled_streams,
+            cancelled_requests=engine.cancelled_requests,
             conversations=len(engine.conversations),
             warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
             load_warmup_seconds=_load_warmup_seconds(engine.backend, engine._base_scorer),
@@ -403,6 +409,7 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         messages = None
         if body.messages is not None:
             messages = [_message(m) for m in body.messages]
+            engine.check_messages(messages)
         max_tokens = body.max_tokens or body.max_completion_tokens
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
         shape = _Shape(
@@ -470,9 +477,13 @@ def _add_token_routes(router: APIRouter, engine: ServingEngine) -> None:
                 code="unsupported_parameter",
             )
         ctx = RequestContext(request.headers)
-        prompt_input: PromptInput = (
-            body.prompt if body.prompt is not None else [_message(m) for m in body.messages or []]
-        )
+        prompt_input: PromptInput
+        if body.prompt is not None:
+            prompt_input = body.prompt
+        else:
+            messages = [_message(m) for m in body.messages or []]
+            engine.check_messages(messages)
+            prompt_input = messages
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
 
         def run() -> Prompt:
@@ -529,6 +540,7 @@ def _model_card(engine: ServingEngine) -> ModelCard:
                 default_strategy=engine.default_strategy,
                 ttl_s=engine.conversations.ttl_s,
                 max_conversations=engine.conversations.max_conversations,
+                max_conversations_per_key=engine.conversations.max_per_owner,
             )
             if engine.conversations.enabled
             else None,
@@ -619,20 +631,21 @@ async def _serve(
     return_ids = bool(options and options.return_token_ids)
     ctx = RequestContext(request.headers)
     rid = request_id(request)
-    ticket = await engine.admission.acquire()
     handle: StreamHandle | None = None
-    try:
-        prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling, tools)
-        if not body.stream:
-            async with _cancelled_on_disconnect(request, engine, ctx):
-                completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_generate, prepared))
-            engine.finished(ctx, ticket, prepared, completion)
-            return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid, shape=shape))
-        iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_stream, prepared))
-        handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
-    finally:
-        if handle is None:
-            engine.admission.release(ticket)
+    async with _Departure(request, engine, ctx) as departure:
+        ticket = await departure.admitted()
+        try:
+            prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling, tools)
+            if not body.stream:
+                completion = await departure.run(engine.run_generate, prepared)
+                engine.finished(ctx, ticket, prepared, completion)
+                return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid, shape=shape))
+            # A stream learns of a disconnect from its response, once that begins.
+            iterator = await departure.run(engine.open_stream, prepared)
+            handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
+        finally:
+            if handle is None:
+                engine.admission.release(ticket)
     include_usage = bool(body.stream_options and body.stream_options.include_usage)
     keepalive = engine.config.keepalive_interval
     events = _events(
@@ -677,21 +690,28 @@ async def _serve_turn(
     headers = {"X-Conversation-Id": entry.id}
     handle: StreamHandle | None = None
     try:
-        ticket = await engine.admission.acquire()
-        try:
-            turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
-            if not body.stream:
-                completion = await engine.until_grace_over(ctx, engine.call(ctx, engine.run_turn, turn))
-                engine.finished(ctx, ticket, turn, completion)
-                payload = _response(
-                    "chat", engine.served_model, completion, options.return_token_ids, request_id(request), turn, shape
-                )
-                return JSONResponse(payload, headers=headers)
-            iterator = await engine.until_grace_over(ctx, engine.call(ctx, engine.open_turn_stream, turn))
-            handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
-        finally:
-            if handle is None:
-                engine.admission.release(ticket)
+        async with _Departure(request, engine, ctx) as departure:
+            ticket = await departure.admitted()
+            try:
+                turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
+                if not body.stream:
+                    completion = await departure.run(engine.run_turn, turn)
+                    engine.finished(ctx, ticket, turn, completion)
+                    payload = _response(
+                        "chat",
+                        engine.served_model,
+                        completion,
+                        options.return_token_ids,
+                        request_id(request),
+                        turn,
+                        shape,
+                    )
+                    return JSONResponse(payload, headers=headers)
+                iterator = await departure.run(engine.open_turn_stream, turn)
+                handle = StreamHandle(engine, ctx, iterator, ticket, turn, on_close=lambda: store.release(entry))
+            finally:
+                if handle is None:
+                    engine.admission.release(ticket)
     finally:
         if handle is None:
             store.release(entry)
@@ -717,26 +737,71 @@ async def _serve_turn(
 
 
 # ----------------------------------------------------------------------------- response shapes
-@asynccontextmanager
-async def _cancelled_on_disconnect(request: Request, engine: ServingEngine, ctx: RequestContext) -> AsyncIterator[None]:
-    """Cancel the request (`ServingEngine.cancel`) if its client goes away while the body runs.
+class _Departure:
+    """Watches a request's receive channel while its answer is being made, for a client that leaves.
 
-    A stream learns of a disconnect from its response; a JSON answer is sent only at the end, so
-    the receive channel is watched meanwhile (the request's body was read before).
+    A JSON answer is sent only at the end, and a stream's response begins only after its prefill,
+    so until then nothing else would notice a disconnect (the request's body was read before).
+    When the client leaves, the request is cancelled (`ServingEngine.cancel`): a request still
+    waiting for a slot gives up its place in the queue, a prompt waiting to be scored is dropped,
+    and a generation stops at its next token (the transformers backend's ``generate`` and
+    `ServingEngine.run_turn` read the request's cancel event); `ServingEngine.left` records it.
     """
 
-    async def watch() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        engine.cancel(ctx)
+    def __init__(self, request: Request, engine: ServingEngine, ctx: RequestContext) -> None:
+        self._request = request
+        self._engine = engine
+        self._ctx = ctx
+        self._watcher: asyncio.Task[None] | None = None
 
-    watcher = asyncio.create_task(watch())
-    try:
-        yield
-    finally:
-        watcher.cancel()
+    async def __aenter__(self) -> _Departure:
+        self._watcher = asyncio.create_task(self._watch())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._watcher is not None
+        self._watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+            await self._watcher
+
+    async def _watch(self) -> None:
+        while (await self._request.receive())["type"] != "http.disconnect":
+            pass
+        self._engine.cancel(self._ctx)
+
+    async def admitted(self) -> Ticket:
+        """A slot (`Admission.acquire`), unless the client leaves first (`RequestCancelledError`)."""
+        assert self._watcher is not None
+        acquire = asyncio.ensure_future(self._engine.admission.acquire())
+        try:
+            await asyncio.wait({acquire, self._watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # this request's task was cancelled: its place in the queue goes too
+            acquire.cancel()
+            raise
+        gave_up = not acquire.done()
+        if gave_up:
+            acquire.cancel()
+        try:
+            ticket = await acquire
+        except asyncio.CancelledError:
+            if not gave_up:
+                raise
+            self._engine.left()
+            raise RequestCancelledError("the client went away while its request waited for a slot") from None
+        if self._ctx.cancelled.is_set():
+            self._engine.admission.release(ticket)
+            self._engine.left()
+            raise RequestCancelledError("the client went away while its request waited for a slot")
+        return ticket
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a model worker (`ServingEngine.until_grace_over`); a request stopped because its
+        client left is recorded."""
+        try:
+            return await self._engine.until_grace_over(self._ctx, self._engine.call(self._ctx, fn, *args))
+        except RequestCancelledError as exc:
+            self._engine.left(exc.generated if isinstance(exc, GenerationStopped) else 0)
+            raise
 
 
 def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:

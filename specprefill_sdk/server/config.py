@@ -116,6 +116,10 @@ class ServerConfig:
         session_ttl: seconds a conversation kept on the server may stay idle before it expires.
         max_sessions: conversations kept at once (the least recently used idle one is evicted for a
             new one; 0: conversations are not served).
+        max_sessions_per_key: conversations one API key may hold at once, so that one key can neither
+            fill the store nor evict the others' conversations; a key's start beyond it evicts that
+            key's own least recently used idle one. None (the default): ``max_sessions`` shared out
+            evenly among ``api_keys`` (rounded up), the whole store without keys or with one.
         session_strategy: the strategy of a conversation whose first request names none.
         compile: build the backend and the draft scorer compiled (`ExecutionSettings.compile`):
             None (the default) compiles on a CUDA device and not elsewhere, False never; the
@@ -166,6 +170,7 @@ class ServerConfig:
     keepalive_interval: float = DEFAULT_KEEPALIVE_INTERVAL
     session_ttl: float = DEFAULT_SESSION_TTL
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_sessions_per_key: int | None = None
     session_strategy: str = DEFAULT_SESSION_STRATEGY
     compile: bool | None = None
     warmup_tokens: int | None = None
@@ -218,7 +223,7 @@ class ServerConfig:
                     param="api_keys",
                 )
         object.__setattr__(self, "api_keys", tuple(keys))
-        for name in ("max_prompt_tokens", "max_output_tokens", "default_max_tokens"):
+        for name in ("max_prompt_tokens", "max_output_tokens", "default_max_tokens", "max_sessions_per_key"):
             if getattr(self, name) is not None:
                 check_int(getattr(self, name), name, param=name, minimum=1)
         for name, minimum in (
@@ -309,6 +314,13 @@ class ServerConfig:
         if self.scoring_queue is not None:
             return self.scoring_queue
         return self.max_concurrency is not None and self.max_concurrency > 1
+
+    @property
+    def sessions_per_key(self) -> int:
+        """``max_sessions_per_key`` resolved: the most conversations one API key may hold at once."""
+        if self.max_sessions_per_key is not None:
+            return min(self.max_sessions_per_key, self.max_sessions)
+        return -(-self.max_sessions // max(1, len(self.api_keys)))
 
     def replace(self, **changes: Any) -> ServerConfig:
         """A copy with some settings changed (validated again)."""

@@ -27,13 +27,21 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
+from .._cancel import REQUEST_CANCEL, check_cancelled
 from ..conversation import STRATEGIES, Conversation
-from ..errors import ContextTooLongError, InvalidRequestError, NotFoundError, PolicyError, SpecPrefillError
+from ..errors import (
+    ContextTooLongError,
+    InvalidRequestError,
+    ModelLoadError,
+    NotFoundError,
+    PolicyError,
+    SpecPrefillError,
+)
 from ..interfaces import Backend, Executed, ModelScorer, Scorer
 from ..pipeline import Pipeline
 from ..policies import Policy, build_pipeline, list_policies, load_policy
 from ..prompt import PromptInput, ToolsInput
-from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, REQUEST_CANCEL, QueuedScorer, ScoringQueue
+from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, QueuedScorer, ScoringQueue
 from ..selection import DenseBelow
 from ..types import (
     Completion,
@@ -59,6 +67,7 @@ __all__ = [
     "StreamHandle",
     "Turn",
     "WarmUp",
+    "check_chat_template",
 ]
 
 logger = logging.getLogger(__name__)
@@ -250,6 +259,8 @@ class ServingEngine:
         self.drain = Drain(config.shutdown_grace)
         #: Streams stopped before their end because the client went away.
         self.cancelled_streams = 0
+        #: Non-streaming requests stopped, queued or running, because the client went away (`left`).
+        self.cancelled_requests = 0
         self._executor = ThreadPoolExecutor(max_workers=max_concurrency, thread_name_prefix="specprefill-model")
         self._telemetry = {"tracer_provider": tracer_provider, "meter_provider": meter_provider}
         self._pipelines: OrderedDict[tuple[Any, ...], Pipeline] = OrderedDict()
@@ -269,9 +280,14 @@ class ServingEngine:
         if self._policy_names and policy not in self._policy_names:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
         self.vocab_size = len(backend.tokenizer)
+        #: The tokenizer's special tokens as text: a chat message holding one would forge template markup.
+        self.special_tokens = _special_token_texts(backend.tokenizer)
+        check_chat_template(backend)
         self.max_context = int(backend.max_context)
         #: Conversations kept on the server (``specprefill.conversation_id``).
-        self.conversations = ConversationStore(config.session_ttl, config.max_sessions)
+        self.conversations = ConversationStore(
+            config.session_ttl, config.max_sessions, max_per_owner=config.sessions_per_key or None
+        )
         self.default_strategy = config.session_strategy
         #: The draft model's name (None without a draft scorer), as every pipeline here reports it.
         self.draft_name = self.pipeline_for_disabled().draft_name
@@ -293,6 +309,30 @@ class ServingEngine:
                 param="model",
                 code="model_not_found",
             )
+
+    def check_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
+        """Refuse chat text holding one of the tokenizer's special tokens (400 naming the field).
+
+        The chat template writes a message's text into the prompt and the tokenizer reads every
+        special token in it as the control token itself: ``<|im_end|>`` then ``<|im_start|>system``
+        in a user message would end the turn and open a system turn the client was not given.
+        """
+        if not self.special_tokens:
+            return
+        for i, message in enumerate(messages):
+            content = message.get("content")
+            parts = [(f"messages.{i}.content", content)] if isinstance(content, str) else []
+            if isinstance(content, list):
+                parts = [(f"messages.{i}.content.{j}.text", p.get("text")) for j, p in enumerate(content)]
+            for param, text in parts:
+                found = next((t for t in self.special_tokens if isinstance(text, str) and t in text), None)
+                if found is not None:
+                    raise InvalidRequestError(
+                        f"{param} holds the special token {found!r}: the chat template would read it as "
+                        "markup (a forged turn); remove it, or send the whole text to POST /v1/completions",
+                        param=param,
+                        code="special_token_in_text",
+                    )
 
     def _metrics(self) -> ServerMetrics:
         try:
@@ -379,8 +419,9 @@ class ServingEngine:
     def cancel(self, ctx: RequestContext) -> None:
         """Cancel a request whose client went away: its prompt still waiting to be scored is dropped.
 
-        The request's step that waited for it raises `RequestCancelledError` (no dense fallback);
-        work already running (a batch being scored, a prefill, decoding) is not interrupted here.
+        The request's step that waited for it raises `RequestCancelledError` (no dense fallback); a
+        non-streaming generation on the transformers backend, and a conversation turn, stop at their
+        next token (`GenerationStopped`). A batch being scored and a prefill run to their end.
         """
         if self.scoring is not None:
             dropped = self.scoring.cancel(ctx.cancelled)
@@ -388,6 +429,13 @@ class ServingEngine:
                 logger.info("dropped a prompt waiting to be scored: its client went away")
         else:
             ctx.cancelled.set()
+
+    def left(self, generated: int = 0) -> None:
+        """Record a non-streaming request stopped because its client went away, after ``generated`` tokens."""
+        self.cancelled_requests += 1
+        logger.info("a request was stopped after %d generated tokens: its client went away", generated)
+        if self.metrics is not None:
+            self.metrics.aborted(generated)
 
     def _released(self) -> None:
         if self.scoring is not None:
@@ -538,19 +586,19 @@ class ServingEngine:
         prompt = pipeline.prompt(prompt_input, tools=tools)
         if any(not 0 <= t < self.vocab_size for t in prompt.token_ids):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
-        self._check_prompt_length(prompt.n)
+        self._check_prompt_length(prompt.n, "prompt" if isinstance(prompt_input, str | Prompt) else "messages")
         return Prepared(pipeline, prompt, None, self._sampling(sampling, prompt.n))
 
-    def _check_prompt_length(self, n: int) -> None:
+    def _check_prompt_length(self, n: int, param: str) -> None:
         if self.max_prompt_tokens is not None and n > self.max_prompt_tokens:
             raise RequestTooLargeError(
                 f"the prompt has {n} tokens; this server accepts at most {self.max_prompt_tokens}",
-                param="messages",
+                param=param,
                 code="prompt_too_long",
             )
         if n >= self.max_context:
             raise ContextTooLongError(
-                f"the prompt has {n} tokens; the model's context is {self.max_context}", param="messages"
+                f"the prompt has {n} tokens; the model's context is {self.max_context}", param=param
             )
 
     def _sampling(self, sampling: dict[str, Any], n: int, context: int | None = None) -> SamplingParams:
@@ -611,12 +659,20 @@ class ServingEngine:
             raise InvalidRequestError(
                 f"prompt_length {n} must exceed the last position {positions[-1]}", param="specprefill.prompt_length"
             )
-        self._check_prompt_length(n)
+        # n is what prompt_length says, or what the last position implies.
+        self._check_prompt_length(
+            n, "specprefill.prompt_length" if options.prompt_length is not None else "specprefill.position_ids"
+        )
         return CompressedPrompt(token_ids=tuple(ids), position_ids=tuple(positions), n=n)
 
     # ------------------------------------------------------------------ running
     def run_generate(self, prepared: Prepared) -> Completion:
-        """Generate (in a worker thread)."""
+        """Generate (in a worker thread).
+
+        Raises:
+            GenerationStopped: the request was cancelled (`cancel`) while it generated: the
+                transformers backend stops at its next token.
+        """
         if prepared.compressed is not None:
             return self.backend.generate(prepared.compressed, prepared.params)
         assert prepared.pipeline is not None and prepared.prompt is not None
@@ -703,13 +759,23 @@ class ServingEngine:
             )
 
     def run_turn(self, turn: Turn) -> Completion:
-        """Answer a conversation turn (in a worker thread)."""
-        final: Completion | None = None
-        for chunk in self._turn_chunks(turn):
-            if chunk.completion is not None:
-                final = chunk.completion
-        assert final is not None
-        return final
+        """Answer a conversation turn (in a worker thread).
+
+        Raises:
+            GenerationStopped: the request was cancelled (`cancel`): the turn stops at its next
+                token and keeps its answer so far in the history, as a stream closed early does.
+        """
+        chunks = self._turn_chunks(turn)
+        generated = 0
+        try:
+            for chunk in chunks:
+                if chunk.completion is not None:
+                    return chunk.completion
+                generated += len(chunk.token_ids)
+                check_cancelled(generated, turn.params.max_tokens)
+        finally:
+            chunks.close()
+        raise SpecPrefillError("the turn ended without a completion", code="internal_error")
 
     def open_turn_stream(self, turn: Turn) -> Iterator[CompletionChunk]:
         """Start streaming a conversation turn (in a worker thread): the prefill runs before this returns."""
@@ -763,6 +829,41 @@ class _Admission(Admission):
         super().release(ticket)
         if held:
             self._on_release()
+
+
+def check_chat_template(backend: Backend) -> None:
+    """Render a one-message conversation with the target's chat template, as a server does at start.
+
+    A template that cannot render one is the model folder's fault, not any client's: the server
+    refuses to start rather than answer every chat request with an error. A tokenizer without a
+    template passes (a base model: chat requests are told to send plain text instead).
+
+    Raises:
+        ModelLoadError: the chat template fails (``code="invalid_chat_template"``).
+    """
+    tokenizer = backend.tokenizer
+    if getattr(tokenizer, "chat_template", None) is None:
+        return
+    from ..prompt import build_prompt
+
+    try:
+        build_prompt(tokenizer, [Message("user", "Hello.")])
+    except Exception as exc:
+        detail = exc.message if isinstance(exc, SpecPrefillError) else f"{type(exc).__name__}: {exc}"
+        raise ModelLoadError(
+            f"the chat template of model {backend.model_name!r} cannot render a one-message conversation "
+            f"({detail}): fix chat_template in the model folder (tokenizer_config.json or chat_template.jinja), "
+            "or remove it to serve text completions only",
+            code="invalid_chat_template",
+        ) from exc
+
+
+def _special_token_texts(tokenizer: Any) -> tuple[str, ...]:
+    """The text of every special token the tokenizer reads out of plain text (longest first)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", None) or [])
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    texts.update(str(t.content) for t in added.values() if getattr(t, "special", False))
+    return tuple(sorted((t for t in texts if t), key=len, reverse=True))
 
 
 #: The ``specprefill`` fields a conversation's later turns may send.

@@ -212,7 +212,9 @@ def _validation_message(errors: Sequence[Mapping[str, Any]]) -> tuple[str, str |
 
 async def _on_validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    message, param, code = _validation_message(list(exc.errors()))
+    errors = list(exc.errors())
+    message, param, code = _validation_message(errors)
+    message += _content_type_hint(request, errors)
     return JSONResponse(error_body(message, "invalid_request_error", param=param, code=code), status_code=400)
 
 
@@ -230,10 +232,34 @@ async def _on_http_error(request: Request, exc: Exception) -> JSONResponse:
     if exc.status_code == 404 and detail == "Not Found":
         detail = f"no route {request.method} {request.url.path}"
     elif exc.status_code == 400 and detail == "There was an error parsing the body":
-        detail = "the body could not be read as JSON (is it UTF-8?)"
+        detail = _unreadable_body(exc.__cause__)
         code = "invalid_json"
     headers = dict(exc.headers) if exc.headers else None
     return JSONResponse(error_body(detail, error_type, code=code), status_code=exc.status_code, headers=headers)
+
+
+def _unreadable_body(cause: BaseException | None) -> str:
+    """What is wrong with a body that Python's JSON reader gave up on (FastAPI keeps its error as the cause)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 text (byte {cause.start}): send JSON encoded as UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the JSON body nests arrays or objects too deeply to be read"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return f"the JSON body holds a number too long to be read ({cause})"
+    if cause is not None:
+        return f"the body could not be read as JSON ({type(cause).__name__}: {cause})"
+    return "the body could not be read as JSON"
+
+
+def _content_type_hint(request: Request, errors: Sequence[Mapping[str, Any]]) -> str:
+    """A note for a body refused as a whole because it was not sent as JSON (a form, text)."""
+    if not errors or tuple(errors[0].get("loc") or ()) != ("body",):
+        return ""
+    given = request.headers.get("content-type")
+    media = (given or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        return ""
+    return f"; send the body as JSON with Content-Type: application/json (this request's Content-Type is {given!r})"
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -20,7 +20,7 @@ import ipaddress
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,8 @@ class AdmissionStats:
 class Ticket:
     """A granted slot; hand it back with `Admission.release` exactly once.
 
-    ``started`` is when it was granted (``time.perf_counter``), ``waited`` the seconds spent queued for it.
+    ``started`` is when it was granted (the admission's clock, ``time.perf_counter``), ``waited``
+    the seconds spent queued for it.
     """
 
     started: float
@@ -86,7 +87,9 @@ class Admission:
             admission.release(ticket)
     """
 
-    def __init__(self, max_concurrency: int = 1, max_queue: int = 16) -> None:
+    def __init__(
+        self, max_concurrency: int = 1, max_queue: int = 16, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be >= 1")
         if max_queue < 0:
@@ -98,7 +101,8 @@ class Admission:
         self._closed: ShuttingDownError | None = None
         #: Requests refused because the queue was full (429), since the start.
         self.rejected = 0
-        # Smoothed service time of one request, for the Retry-After estimate.
+        self._clock = clock
+        # Smoothed service time of one request (a first guess until requests are seen), for Retry-After.
         self._service_s = 1.0
 
     @property
@@ -109,9 +113,12 @@ class Admission:
         return AdmissionStats(self._running, self._waiting, self.max_concurrency, self.max_queue)
 
     def retry_after(self) -> int:
-        """Seconds after which a refused client may find room (a rough estimate, at least 1)."""
-        backlog = (self._running + self._waiting) / self.max_concurrency
-        return max(1, min(60, math.ceil(self._service_s * max(backlog, 1.0))))
+        """Seconds until one slot is expected to free: the smoothed time of a request over the workers.
+
+        A refused client that comes back then finds the queue one shorter, room for it, rather than
+        waiting for the whole backlog to drain; the answer is an integer from 1 to 60.
+        """
+        return max(1, min(60, math.ceil(self._service_s / self.max_concurrency)))
 
     async def acquire(self) -> Ticket:
         """Wait for a slot, or raise `OverloadedError` at once when the queue is full.
@@ -128,7 +135,7 @@ class Admission:
                 f"the server is busy ({self._running} running, {self._waiting} queued); retry later",
                 retry_after=self.retry_after(),
             )
-        queued = time.perf_counter()
+        queued = self._clock()
         if self._running < self.max_concurrency and not self._waiters:
             self._running += 1
         else:
@@ -142,7 +149,7 @@ class Admission:
                 elif waiter in self._waiters:
                     self._waiters.remove(waiter)
                 raise
-        started = time.perf_counter()
+        started = self._clock()
         return Ticket(started=started, waited=started - queued)
 
     def release(self, ticket: Ticket) -> None:
@@ -150,7 +157,7 @@ class Admission:
         if ticket.released:
             return
         ticket.released = True
-        elapsed = time.perf_counter() - ticket.started
+        elapsed = self._clock() - ticket.started
         self._service_s = 0.8 * self._service_s + 0.2 * elapsed
         self._give_back()
 

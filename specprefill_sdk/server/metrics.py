@@ -263,9 +263,15 @@ class ServerMetrics:
         if strategy is not None:
             self._turns.labels(self.model_name, strategy).inc()
 
-    def aborted(self) -> None:
-        """Record a stream stopped before its end (``finished_reason="abort"``): the client left, or it failed."""
+    def aborted(self, generated_tokens: int = 0) -> None:
+        """Record a request stopped before its end (``finished_reason="abort"``): the client left, or it failed.
+
+        ``generated_tokens`` were made before it stopped; they count among the generation tokens, as
+        vLLM counts every token it decoded.
+        """
         self.success["abort"].inc()
+        if generated_tokens:
+            self.generation_tokens.inc(generated_tokens)
 
     def exposition(self) -> bytes:
         """Every metric in Prometheus' text format (`CONTENT_TYPE`)."""

@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 from ..types import MAX_LOGPROBS
 
 __all__ = [
+    "CHAT_ROLES",
     "ChatChoice",
     "ChatCompletion",
     "ChatCompletionChunk",
@@ -299,10 +300,26 @@ class ToolCallObject(_Lenient):
     function: ToolCallFunction
 
 
-class ChatMessage(_Lenient):
-    """One chat message; ``tool_calls`` (assistant) and ``tool_call_id`` (role ``tool``) reach the chat template."""
+#: The roles OpenAI's chat API accepts; a chat template writes the role as text into the prompt,
+#: so any other string could forge a turn (a role holding template control tokens).
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
-    role: Text = Field(min_length=1, max_length=64)
+
+def _known_role(role: str) -> str:
+    if role not in CHAT_ROLES:
+        raise PydanticCustomError(
+            "invalid_role",
+            "role {role!r} is not a chat role; use one of {roles}",
+            {"role": role[:64], "roles": ", ".join(CHAT_ROLES)},
+        )
+    return role
+
+
+class ChatMessage(_Lenient):
+    """One chat message: ``role`` is one of `CHAT_ROLES`; ``tool_calls`` (assistant) and ``tool_call_id``
+    (role ``tool``) reach the chat template."""
+
+    role: Annotated[Text, AfterValidator(_known_role)] = Field(json_schema_extra={"enum": list(CHAT_ROLES)})
     content: Text | list[ContentPart] | None = None
     name: Text | None = None
     tool_calls: list[ToolCallObject] | None = Field(None, max_length=128)
@@ -627,6 +644,7 @@ class ConversationCapability(BaseModel):
     default_strategy: str
     ttl_s: float = Field(description="Seconds a conversation may stay idle before it expires.")
     max_conversations: int = Field(description="Conversations stored at once (least recently used evicted).")
+    max_conversations_per_key: int = Field(description="Conversations one API key may hold at once.")
 
 
 class SpecPrefillCapability(BaseModel):
@@ -691,6 +709,9 @@ class HealthResponse(BaseModel):
     max_concurrency: int
     max_queue: int
     cancelled_streams: int = Field(0, description="Streams stopped before their end because the client left.")
+    cancelled_requests: int = Field(
+        0, description="Non-streaming requests stopped, queued or running, because the client left."
+    )
     conversations: int = Field(0, description="Conversations stored on the server.")
     warmup: WarmUpReport | None = Field(None, description="The warm-up run at start (None: none ran).")
     load_warmup_seconds: float | None = Field(

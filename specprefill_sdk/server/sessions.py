@@ -2,17 +2,21 @@
 
 A conversation is started by a chat request with ``specprefill.conversation_start``; later requests
 name it with ``specprefill.conversation_id`` and send only the new message. The store holds at most
-``max_conversations``; one idle for ``ttl_s`` seconds expires. When the store is full, starting one
-evicts the least recently used idle conversation; when every stored conversation is in use, the start
-is refused with 429. A conversation serves one request at a time: a second request while one runs
-gets 409.
+``max_conversations``, and one owner (API key) at most ``max_per_owner`` of them; one idle for
+``ttl_s`` seconds expires. A start that would exceed its owner's share evicts that owner's least
+recently used idle conversation. A start into a full store evicts, in this order, the caller's own
+least recently used idle conversation, else the least recently used idle one of the owner (among
+those with idle ones) that holds the most. A conversation that is answering a request is never
+evicted: when no idle one may go, the start is refused with 429. So one key can neither fill the
+store nor evict another key's conversations while it holds no more than its share. A conversation
+serves one request at a time: a second request while one runs gets 409.
 
 Every method is called on the server's event loop (the model work runs elsewhere), so claiming a
 conversation and marking it busy happen without a race; a lock still guards the maps.
 
 Example::
 
-    store = ConversationStore(ttl_s=600, max_conversations=32)
+    store = ConversationStore(ttl_s=600, max_conversations=32, max_per_owner=8)
     entry = store.reserve("", "chat-1")          # a new, busy entry (the first turn runs next)
     entry.conversation = conversation
     store.release(entry)                         # idle again; its TTL runs from now
@@ -78,21 +82,32 @@ class StoredConversation:
 
 
 class ConversationStore:
-    """Conversations by (owner, id): TTL after the last use, a maximum count, LRU eviction.
+    """Conversations by (owner, id): TTL after the last use, a maximum count and a share per owner, LRU eviction.
 
     Args:
         ttl_s: seconds a conversation may stay idle before it expires.
         max_conversations: how many are stored at once (0: conversations are not served).
+        max_per_owner: how many one owner (API key) may hold at once; None: ``max_conversations``.
         clock: the monotonic clock (seconds) for TTLs.
     """
 
-    def __init__(self, ttl_s: float, max_conversations: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        ttl_s: float,
+        max_conversations: int,
+        *,
+        max_per_owner: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if ttl_s <= 0:
             raise ValueError("ttl_s must be > 0")
         if max_conversations < 0:
             raise ValueError("max_conversations must be >= 0")
+        if max_per_owner is not None and max_per_owner < 1:
+            raise ValueError("max_per_owner must be >= 1")
         self.ttl_s = float(ttl_s)
         self.max_conversations = max_conversations
+        self.max_per_owner = min(max_conversations, max_per_owner or max_conversations)
         self._clock = clock
         self._entries: OrderedDict[tuple[str, str], StoredConversation] = OrderedDict()
         self._ended: OrderedDict[tuple[str, str], str] = OrderedDict()
@@ -108,11 +123,12 @@ class ConversationStore:
 
     # ----------------------------------------------------------------- life cycle
     def reserve(self, owner: str, conversation_id: str) -> StoredConversation:
-        """A new busy entry for a conversation about to start; makes room by evicting the LRU idle one.
+        """A new busy entry for a conversation about to start; makes room by eviction (see the module docs).
 
         Raises:
             ConflictError: the owner already has a conversation with this id (409).
-            TooManyConversationsError: the store is full and every conversation in it is in use (429).
+            TooManyConversationsError: the owner holds its share, or the store is full, and none of the
+                conversations that could make room is idle (429).
         """
         with self._lock:
             self._sweep_locked()
@@ -124,16 +140,7 @@ class ConversationStore:
                     param="specprefill.conversation_id",
                     code="conversation_exists",
                 )
-            while len(self._entries) >= self.max_conversations:
-                victim = next((e for e in self._entries.values() if not e.busy), None)
-                if victim is None:
-                    raise TooManyConversationsError(
-                        f"this server holds at most {self.max_conversations} conversations and all of them are "
-                        "in use; retry later"
-                    )
-                self._end_locked(
-                    victim, f"was evicted: this server holds at most {self.max_conversations} conversations"
-                )
+            self._make_room_locked(owner)
             self._ended.pop(key, None)
             entry = StoredConversation(owner, conversation_id)
             self._entries[key] = entry
@@ -219,6 +226,42 @@ class ConversationStore:
             param="specprefill.conversation_id",
             code="conversation_not_found",
         )
+
+    def _make_room_locked(self, owner: str) -> None:
+        """Evict idle conversations until ``owner`` may start one (see the module docs), or raise 429."""
+        while True:
+            held = [e for e in self._entries.values() if e.owner == owner]
+            if len(held) >= self.max_per_owner:
+                victim = next((e for e in held if not e.busy), None)
+                if victim is None:
+                    raise TooManyConversationsError(
+                        f"this API key may hold at most {self.max_per_owner} conversations on this server and "
+                        "all of them are in use; retry later, or end one with DELETE /v1/conversations/{id}"
+                    )
+                self._end_locked(
+                    victim, f"was evicted: one API key may hold at most {self.max_per_owner} conversations here"
+                )
+                continue
+            if len(self._entries) < self.max_conversations:
+                return
+            victim = next((e for e in held if not e.busy), None) or self._largest_owners_idle_locked()
+            if victim is None:
+                raise TooManyConversationsError(
+                    f"this server holds at most {self.max_conversations} conversations and all of them are "
+                    "in use; retry later"
+                )
+            self._end_locked(victim, f"was evicted: this server holds at most {self.max_conversations} conversations")
+
+    def _largest_owners_idle_locked(self) -> StoredConversation | None:
+        """The least recently used idle conversation of the owner holding the most (None: none idle)."""
+        counts: dict[str, int] = {}
+        for e in self._entries.values():
+            counts[e.owner] = counts.get(e.owner, 0) + 1
+        idle = [e for e in self._entries.values() if not e.busy]  # least recently used first
+        if not idle:
+            return None
+        # max() keeps the first of equals: among the largest owners, the least recently used conversation.
+        return max(idle, key=lambda e: counts[e.owner])
 
     def _sweep_locked(self) -> int:
         now = self._clock()
