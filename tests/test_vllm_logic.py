@@ -540,3 +540,47 @@ def test_layout_validator_rejects_malformed_layouts_at_admission():
     assert proc.add_request(0, _Params(good)) is False  # never changes logits
     logits = torch.zeros(2, 3)
     assert proc.apply(logits, None) is logits
+
+
+def test_a_cancelled_request_stops_its_non_streaming_generation_and_is_aborted_in_the_engine() -> None:
+    import contextvars
+    import threading
+    from types import SimpleNamespace
+
+    from specprefill_sdk._cancel import REQUEST_CANCEL, GenerationStopped
+    from specprefill_sdk.backends.vllm.backend import VLLMBackend, _EngineDriver
+    from specprefill_sdk.types import CompressedPrompt, SamplingParams
+
+    cancel = threading.Event()
+
+    class Engine:
+        """vLLM's engine as `_EngineDriver` drives it: one more token per step, for one request."""
+
+        def __init__(self) -> None:
+            self.rid, self.tokens, self.aborted = "", [], []
+
+        def add_request(self, rid: str, prompt: dict, params: object) -> None:
+            self.rid = rid
+
+        def step(self) -> list[SimpleNamespace]:
+            self.tokens.append(len(self.tokens))
+            if len(self.tokens) == 3:
+                cancel.set()  # the client leaves while the third token is made
+            out = SimpleNamespace(token_ids=list(self.tokens), text="", logprobs=None, finish_reason=None)
+            return [SimpleNamespace(request_id=self.rid, outputs=[out], finished=len(self.tokens) >= 50)]
+
+        def abort_request(self, rids: list[str]) -> None:
+            self.aborted += rids
+
+    engine = Engine()
+    backend = VLLMBackend.__new__(VLLMBackend)
+    backend.llm = object()
+    backend._driver = _EngineDriver(engine)
+    backend.request = lambda prompt, params: ({}, None)  # type: ignore[method-assign]
+    prompt = CompressedPrompt(token_ids=(1, 2, 3), position_ids=(0, 5, 9), n=10)
+    ctx = contextvars.copy_context()
+    ctx.run(REQUEST_CANCEL.set, cancel)
+    with pytest.raises(GenerationStopped) as stopped:
+        ctx.run(backend.generate, prompt, SamplingParams(max_tokens=50))
+    assert stopped.value.generated == 3 and len(engine.tokens) == 3
+    assert engine.aborted == [engine.rid] and backend._driver.queues == {}

@@ -19,10 +19,11 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..._cancel import check_cancelled
 from ..._timing import elapsed_ms as _ms
 from ...errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError, ModelLoadError
 from ...interfaces import BackendCapabilities
@@ -351,7 +352,7 @@ class VLLMBackend(BackendBase):
             logprobs=None if top is None else _logprobs(out, top),
         )
 
-    def _events(self, prompt: CompressedPrompt, params: SamplingParams) -> Iterator[tuple[Any, float]]:
+    def _events(self, prompt: CompressedPrompt, params: SamplingParams) -> Generator[tuple[Any, float], None, None]:
         """Yield ``(cumulative output, wall time)`` until the request finishes; abort if closed early."""
         if self.llm is None:
             raise BackendUnavailableError("the vLLM backend is closed")
@@ -373,14 +374,26 @@ class VLLMBackend(BackendBase):
                 self._driver.abort(rid)
 
     def generate(self, prompt: CompressedPrompt, params: SamplingParams) -> Completion:
-        """Prefill the kept tokens at their original positions, decode from position ``n``."""
+        """Prefill the kept tokens at their original positions, decode from position ``n``.
+
+        Raises:
+            GenerationStopped: the current request's cancel event (`REQUEST_CANCEL`) was set; vLLM's
+                request is aborted at its next output, which frees its KV blocks.
+        """
         t0 = time.perf_counter()
         t_first: float | None = None
         last = None
-        for output, now in self._events(prompt, params):
-            if t_first is None and output.outputs and output.outputs[0].token_ids:
-                t_first = now
-            last = output
+        events = self._events(prompt, params)
+        try:
+            for output, now in events:
+                generated = len(output.outputs[0].token_ids) if output.outputs else 0
+                if t_first is None and generated:
+                    t_first = now
+                last = output
+                if not output.finished:
+                    check_cancelled(generated, params.max_tokens)
+        finally:
+            events.close()  # an unfinished request is aborted there, not when the generator is collected
         assert last is not None
         return self._completion(prompt, last, t0, t_first, params.logprobs)
 
