@@ -34,6 +34,7 @@ from pydantic import BaseModel, Field, PrivateAttr, SecretStr
 from .errors import InvalidRequestError
 from .pipeline import Pipeline
 from .policies import OVERRIDE_KEYS, RENAMED, Policy, build_pipeline, load_policy, resolve_pipeline
+from .types import Aggregation
 
 __all__ = [
     "MODEL_FIELDS",
@@ -134,6 +135,8 @@ class PipelineFields(BaseModel):
     """Draft attention: width of the average pool over each attention row."""
     layers: int | None = None
     """Draft attention: score with the first N layers only (needs ``look_ahead=1``)."""
+    aggregation: Aggregation | None = None
+    """Draft attention: how attention rows are reduced over layers and heads (``max``, ``mean``, ``content-mean``)."""
     sink: int | None = None
     """Always keep the first N tokens."""
     tail: bool | int | None = None

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidRequestError, PolicyError
 from .interfaces import LocalBackend
+from .types import Aggregation
 from .validation import check_known
 
 if sys.version_info >= (3, 11):
@@ -143,6 +144,10 @@ class ScorerSettings(_Section):
     #: Score with the draft's first N layers only, which are all that run (needs ``look_ahead = 1``);
     #: None: every layer. See ``DraftAttentionScorer(layers=...)``.
     layers: int | None = Field(default=None, ge=1, le=1024)
+    #: How attention rows are reduced over layers and heads: ``max`` (the paper's), ``mean`` or
+    #: ``content-mean`` (sink and local window left out; keeps shallow ``layers`` near full depth).
+    #: See ``DraftAttentionScorer(aggregation=...)``.
+    aggregation: Aggregation = "max"
     #: Seed of the ``random`` baseline.
     seed: int = 0
     #: Share of the kept tokens the ``head-tail`` baseline takes from the start, in [0, 1] (None: its default).
@@ -224,6 +229,7 @@ _OVERRIDES: dict[str, str] = {
     "look_ahead": "scorer",
     "pool_kernel": "scorer",
     "layers": "scorer",
+    "aggregation": "scorer",
     "sink": "protect",
     "tail": "protect",
     "roles": "protect",
@@ -339,7 +345,14 @@ class Policy(BaseModel):
         s = self.scorer
         cls = scorer_class(s.kind)
         if s.kind == "draft-attention":
-            built = cls(draft, look_ahead=s.look_ahead, pool_kernel=s.pool_kernel, layers=s.layers, **kwargs)
+            built = cls(
+                draft,
+                look_ahead=s.look_ahead,
+                pool_kernel=s.pool_kernel,
+                layers=s.layers,
+                aggregation=s.aggregation,
+                **kwargs,
+            )
         elif s.kind == "self-information":
             built = cls(draft=draft, **kwargs)
         elif s.kind == "random":
@@ -368,6 +381,8 @@ class Policy(BaseModel):
             parts.append(f"look-ahead {self.scorer.look_ahead}, pool {self.scorer.pool_kernel}")
             if self.scorer.layers is not None:
                 parts.append(f"first {self.scorer.layers} draft layers")
+            if self.scorer.aggregation != "max":
+                parts.append(f"aggregation {self.scorer.aggregation}")
         else:
             parts.append(f"scorer {self.scorer.kind}")
         return ", ".join(parts)
@@ -568,7 +583,7 @@ def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Score
     """The scorer ``policy`` asks for, built around ``loaded`` (a process's draft scorer) without a second model.
 
     ``loaded`` itself when it already is that scorer (its ``name`` is the policy's kind); a variant
-    sharing its model when only the draft-attention knobs (look-ahead, pool, layers) differ; for
+    sharing its model when only the draft-attention knobs (look-ahead, pool, layers, aggregation) differ; for
     another model-based kind, a new scorer on ``loaded``'s draft model. Baselines load nothing and
     are built from the settings. A server builds one scorer at start and asks this for every
     request's policy.
@@ -598,6 +613,8 @@ def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Score
         if settings.layers != loaded.layers:
             # None asks for every layer: with_options takes the draft's depth for that
             changes["layers"] = settings.layers if settings.layers is not None else loaded.depth
+        if settings.aggregation != loaded.aggregation:
+            changes["aggregation"] = settings.aggregation
         return cast("Scorer", loaded.with_options(**changes)) if changes else loaded
     draft: str | LoadedModel = backend.model_name
     if isinstance(loaded, DraftAttentionScorer | SelfInformationScorer):

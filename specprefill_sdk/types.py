@@ -19,6 +19,8 @@ from .errors import InvalidRequestError
 from .validation import check_float, check_int, check_rate
 
 __all__ = [
+    "CONTENT_WINDOW",
+    "Aggregation",
     "Completion",
     "CompletionChunk",
     "CompressedPrompt",
@@ -53,6 +55,14 @@ def _increasing(values: Sequence[int]) -> bool:
 
 
 FinishReason = Literal["stop", "length"]
+#: How draft-attention scoring reduces its attention rows over layers and heads (`DraftAttentionScorer`):
+#: ``"max"`` the largest pooled attention any head of any layer pays a token; ``"mean"`` their mean;
+#: ``"content-mean"`` their mean after each row drops the attention sink (the first token) and the
+#: local window (the prompt's last `CONTENT_WINDOW` tokens) and is renormalised over what is left.
+Aggregation = Literal["max", "mean", "content-mean"]
+#: The local window, in prompt tokens, that ``"content-mean"`` leaves out of every attention row (at
+#: most half of a prompt's tokens after the first)
+CONTENT_WINDOW = 256
 
 #: The most alternatives per step `SamplingParams.logprobs` may ask for (OpenAI's ``top_logprobs`` bound).
 MAX_LOGPROBS = 20

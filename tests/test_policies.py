@@ -159,6 +159,7 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
         "look_ahead": 1,
         "pool_kernel": 5,
         "layers": 6,
+        "aggregation": "mean",
         "dense_below_tokens": 64,
         "sink": 0,
         "tail": 4,
@@ -172,7 +173,10 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
     changed = paper.with_overrides(**values)
     for key, value in values.items():
         section = getattr(
-            changed, {"look_ahead": "scorer", "pool_kernel": "scorer", "layers": "scorer"}.get(key, "selector")
+            changed,
+            {"look_ahead": "scorer", "pool_kernel": "scorer", "layers": "scorer", "aggregation": "scorer"}.get(
+                key, "selector"
+            ),
         )
         if not hasattr(section, key):
             section = changed.protect

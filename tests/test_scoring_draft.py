@@ -248,3 +248,16 @@ def test_bad_layer_counts_are_refused(fp32_scorer, tokenizer):
         fp32_scorer.with_options(look_ahead=1, layers=4).with_options(look_ahead=2)
     with pytest.raises(InvalidRequestError, match="sliding window"):
         DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=1, layers=1)
+
+
+@pytest.mark.parametrize("aggregation", ["mean", "content-mean"])
+def test_other_aggregations_match_the_eager_reference(fp32_scorer, smollm_fp32, texts, aggregation):
+    prompt = build_prompt(smollm_fp32.tokenizer, [{"role": "user", "content": texts[0] + "\nWhat is this about?"}])
+    scores = fp32_scorer.with_options(aggregation=aggregation).score(prompt)
+    expected, _ = reference_draft_attention_scores(smollm_fp32, prompt.token_ids, aggregation=aggregation)
+    assert_matches(scores.values, expected)
+    shallow = fp32_scorer.with_options(look_ahead=1, layers=10, aggregation=aggregation).score(prompt)
+    expected, _ = reference_draft_attention_scores(
+        smollm_fp32, prompt.token_ids, look_ahead=1, layers=10, aggregation=aggregation
+    )
+    assert_matches(shallow.values, expected)

@@ -57,6 +57,7 @@ EXPECTED: dict[str, tuple[dict[str, Any], str, Check]] = {
     "look_ahead": ({"look_ahead": 3}, "paper", lambda sc, sel: sc.look_ahead == 3),
     "pool_kernel": ({"pool_kernel": 5}, "paper", lambda sc, sel: sc.pool_kernel == 5),
     "layers": ({"layers": 2, "look_ahead": 1}, "paper", lambda sc, sel: sc.layers == 2 and sc.look_ahead == 1),
+    "aggregation": ({"aggregation": "mean"}, "paper", lambda sc, sel: sc.aggregation == "mean"),
     "min_prompt_tokens": ({"min_prompt_tokens": 123}, "paper", lambda sc, sel: _one(sel, DenseBelow).tokens == 123),
     "sink": ({"sink": 3}, "paper", lambda sc, sel: _one(sel, Protect).sink == 3),
     "tail": ({"tail": False}, "paper", lambda sc, sel: _one(sel, Protect).tail is False),

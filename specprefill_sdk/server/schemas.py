@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from ..types import MAX_LOGPROBS
+from ..types import MAX_LOGPROBS, Aggregation
 
 __all__ = [
     "CHAT_ROLES",
@@ -158,6 +158,11 @@ class SpecPrefillOptions(_Strict):
     layers: int | None = Field(
         None, ge=1, le=1024, description="Score with the draft's first N layers only (needs look_ahead 1)."
     )
+    aggregation: Aggregation | None = Field(
+        None,
+        description="How the draft's attention rows are reduced over layers and heads: max (the paper's), mean, "
+        "or content-mean (the attention sink and the local window left out; keeps shallow layers accurate).",
+    )
     min_prompt_tokens: int | None = Field(
         None, ge=0, description="Dense prefill below this prompt length (the policy's dense_below_tokens)."
     )
@@ -226,6 +231,7 @@ class SpecPrefillOptions(_Strict):
             "look_ahead",
             "pool_kernel",
             "layers",
+            "aggregation",
             "min_prompt_tokens",
             "sink",
             "tail",

@@ -16,6 +16,13 @@ from __future__ import annotations
 
 from .incremental import DraftSession
 from .reference import greedy_look_ahead, reference_draft_attention_scores
-from .scorer import DraftAttentionScorer
+from .scorer import AGGREGATIONS, DraftAttentionScorer, check_aggregation
 
-__all__ = ["DraftAttentionScorer", "DraftSession", "greedy_look_ahead", "reference_draft_attention_scores"]
+__all__ = [
+    "AGGREGATIONS",
+    "DraftAttentionScorer",
+    "DraftSession",
+    "check_aggregation",
+    "greedy_look_ahead",
+    "reference_draft_attention_scores",
+]

@@ -7,9 +7,9 @@ active in the current thread or task (a context variable), also turns the query/
 into attention score rows. Outside a scoring context the model computes exactly what it computed
 before, so the same model object can serve as target and draft at once.
 
-The score rows are reduced on the fly: each layer adds its smoothed rows to a running maximum of
-shape ``[batch, queries, prompt]``; no ``n x n`` matrix and no ``[layers, heads, queries, n]`` tensor
-is ever held.
+The score rows are reduced on the fly: each layer adds its smoothed rows to a running maximum (or,
+for the mean aggregations, a running sum) of shape ``[batch, queries, prompt]``; no ``n x n`` matrix
+and no ``[layers, heads, queries, n]`` tensor is ever held.
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ import torch.nn.functional as F
 from ...errors import ModelLoadError
 from ...models import text_config
 from ...runtime.attention import HOOKED_IMPLEMENTATIONS, HOOKED_PREFIX
+from ...types import CONTENT_WINDOW, Aggregation
 
 __all__ = [
     "DraftStopped",
     "LayerStop",
     "QueryRecorder",
     "ScoreCollector",
+    "content_columns",
+    "content_rows",
     "install",
     "pool_rows",
     "skipped_layers",
@@ -110,11 +113,37 @@ class LayerStop(_Observer):
         return None
 
 
+def content_columns(pad: torch.Tensor, prompt_len: int, window: int = CONTENT_WINDOW) -> torch.Tensor:
+    """``[B, 1, P]``: the columns ``"content-mean"`` keeps in each attention row of a left-padded batch.
+
+    Row ``b``'s real tokens are ``[pad[b], P)``; its first one (the attention sink) and its last
+    ``min(window, (n_b - 1) // 2)`` (the local window, at most half of the rest) are left out.
+    """
+    columns = torch.arange(prompt_len, device=pad.device)
+    n = prompt_len - pad
+    local = torch.clamp((n - 1) // 2, max=window)
+    keep = (columns[None, :] > pad[:, None]) & (columns[None, :] < (prompt_len - local)[:, None])
+    return keep[:, None, :]
+
+
+def content_rows(probs: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``probs`` (attention rows over the prompt's columns) restricted to ``keep`` and renormalised to sum to one.
+
+    A row with no attention on the kept columns stays zero.
+    """
+    kept = probs * keep
+    return kept.div_(kept.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny))
+
+
 class ScoreCollector(_Observer):
-    """Accumulates ``best[b, j, i] = max over layers and heads of the pooled attention of query j to key i``.
+    """Accumulates, per query j and key i, the pooled attention over layers and heads, reduced by ``aggregation``.
+
+    ``"max"``: ``best[b, j, i] = max over layers and heads``; ``"mean"``: their sum, divided by the
+    number of (layer, head) rows in `reduced`; ``"content-mean"``: the same mean over rows first
+    restricted to `content_columns` and renormalised (`content_rows`).
 
     The scorer drives it: `begin_step` before every forward pass of the draft (step 0 is the prompt
-    prefill, step j the j-th look-ahead token), then reads `best`. Sequence indices are those of the
+    prefill, step j the j-th look-ahead token), then reads `reduced`. Sequence indices are those of the
     left-padded batch: the prompt occupies ``[0, prompt_len)``, row ``b``'s real tokens start at
     ``pad[b]``.
     """
@@ -133,8 +162,10 @@ class ScoreCollector(_Observer):
         skip: frozenset[int],
         device: torch.device,
         padded: bool | None = None,
+        aggregation: Aggregation = "max",
     ) -> None:
         batch = int(pad.shape[0])
+        self.aggregation = aggregation
         self.prompt_len = prompt_len
         self.pool_kernel = pool_kernel
         self.skip = skip
@@ -143,11 +174,32 @@ class ScoreCollector(_Observer):
         columns = torch.arange(prompt_len, device=device)
         self.columns = columns
         self.valid = (columns[None, :] >= self.pad[:, None])[:, None, :]  # [B, 1, P]
+        #: the columns each row keeps for ``"content-mean"``, else None
+        self.content = content_columns(self.pad, prompt_len) if aggregation == "content-mean" else None
+        #: for the mean aggregations, the number of (layer, head) rows summed into each query's `best`
+        self.votes = torch.zeros(num_queries, dtype=torch.float32, device=device)
         #: whether any row is left-padded (`observe_stacked` skips masking when none is)
         self.padded = bool(padded) if padded is not None else bool((self.pad > 0).any())
         self.step = 0
         self.seq_len = prompt_len
         self.layers_seen: set[int] = set()
+
+    @property
+    def reduced(self) -> torch.Tensor:
+        """``[B, queries, P]``: the aggregated score of every query and key so far."""
+        if self.aggregation == "max":
+            return self.best
+        return self.best / self.votes.clamp_min(1.0)[None, :, None]
+
+    def _add(self, pooled: torch.Tensor) -> None:
+        """Fold ``pooled`` (``[layers, B, heads, count, P]``) into queries ``:count``."""
+        layers, _, heads, count, _ = pooled.shape
+        target = self.best[:, :count]
+        if self.aggregation == "max":
+            torch.maximum(target, pooled.amax(dim=(0, 2)), out=target)
+        else:
+            target.add_(pooled.sum(dim=(0, 2)))
+            self.votes[:count] += layers * heads
 
     def begin_step(self, step: int) -> None:
         """Prepare for the forward pass whose last query is query ``step`` (0: the last prompt token)."""
@@ -197,9 +249,16 @@ class ScoreCollector(_Observer):
             rows[..., first:] = probs
         else:
             rows = probs
-        pooled = pool_rows(rows, self.valid, self.pool_kernel).amax(dim=1)  # [B, P]
-        target = self.best[:, self.step]
-        torch.maximum(target, pooled, out=target)
+        if self.content is not None:
+            rows = content_rows(rows, self.content)
+        pooled = pool_rows(rows, self.valid, self.pool_kernel)  # [B, H, P]
+        step = self.step
+        if self.aggregation == "max":
+            target = self.best[:, step]
+            torch.maximum(target, pooled.amax(dim=1), out=target)
+        else:
+            self.best[:, step].add_(pooled.sum(dim=1))
+            self.votes[step] += heads
 
     def observe_stacked(self, queries: torch.Tensor, keys: torch.Tensor, scalings: Sequence[float]) -> None:
         """Add every layer's contribution for several queries at once.
@@ -245,13 +304,13 @@ class ScoreCollector(_Observer):
                 logits.masked_fill_(hidden, float("-inf"))
             probs = torch.softmax(logits, dim=-1)
             del logits
+            if self.content is not None:
+                probs = content_rows(probs, self.content[None, :, :, None, :])
             rows = probs.view(g * batch, heads * count, width)
             mask = self.valid.expand(g, batch, 1, width).reshape(g * batch, 1, width)
             pooled = pool_rows(rows, mask, self.pool_kernel).view(g, batch, heads, count, width)
             del probs, rows
-            best = pooled.amax(dim=(0, 2))  # [B, J, P]
-            target = self.best[:, :count]
-            torch.maximum(target, best, out=target)
+            self._add(pooled)
 
 
 class QueryRecorder(_Observer):

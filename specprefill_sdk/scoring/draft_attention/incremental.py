@@ -194,6 +194,7 @@ class DraftSession:
             pool_kernel=self.scorer.pool_kernel,
             skip=self._skip,
             device=device,
+            aggregation=self.scorer.aggregation,
         )
         limit = self.loaded.max_context
         used = 1
@@ -219,5 +220,5 @@ class DraftSession:
                 "it cannot be used as a draft"
             )
         self._crop(n)  # drop the look-ahead tokens: the next turn continues from the prompt
-        values = collector.best[0, :used].mean(dim=0).cpu()
+        values = collector.reduced[0, :used].mean(dim=0).cpu()
         return values, used, tuple(generated)

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ...models import LoadedModel
-from .hook import skipped_layers
+from ...types import Aggregation
+from .hook import content_columns, content_rows, skipped_layers
 
 __all__ = ["greedy_look_ahead", "reference_draft_attention_scores"]
 
@@ -46,13 +47,16 @@ def reference_draft_attention_scores(
     look_ahead: int = 8,
     pool_kernel: int = 13,
     layers: int | None = None,
+    aggregation: Aggregation = "max",
 ) -> tuple[torch.Tensor, list[int]]:
     """``(scores, look-ahead tokens)`` for one prompt of draft token ids, the slow way.
 
     Rows ``n-1 .. n+N-2`` of each layer's eager attention, columns ``:n`` renormalised to sum to one
     (that equals a softmax over the prompt keys), average-pooled with ``count_include_pad=False``, max
     over layers and heads, mean over the queries. ``layers``: only the first that many layers count
-    (the whole model still runs).
+    (the whole model still runs). ``aggregation``: ``"mean"`` / ``"content-mean"`` take the mean over
+    layers and heads instead of the max, ``"content-mean"`` after restricting each row to
+    `content_columns` and renormalising it.
     """
     model = loaded.model
     n = len(token_ids)
@@ -72,10 +76,13 @@ def reference_draft_attention_scores(
             continue
         rows = attn[0, :, n - 1 :, :n].float()  # [H, queries, n]
         rows = (rows / rows.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
+        if aggregation == "content-mean":
+            rows = content_rows(rows, content_columns(torch.zeros(1, dtype=torch.long, device=rows.device), n)[0])
         heads, queries, _ = rows.shape
         flat = rows.reshape(heads * queries, 1, n)
         if pool_kernel > 1:
             flat = F.avg_pool1d(flat, pool_kernel, stride=1, padding=pool_kernel // 2, count_include_pad=False)
         pooled_layers.append(flat[..., :n].reshape(heads, queries, n))
     stacked = torch.stack(pooled_layers)  # [L, H, queries, n]
-    return stacked.amax(dim=(0, 1)).mean(dim=0).cpu(), continuation
+    reduced = stacked.amax(dim=(0, 1)) if aggregation == "max" else stacked.mean(dim=(0, 1))
+    return reduced.mean(dim=0).cpu(), continuation

@@ -7,6 +7,10 @@ head, to the draft's keys of the prompt only::
     a[l, h, j, :] = softmax(q_j . K_prompt^T * scaling)            (fp32, over the n prompt keys)
     s_i = mean_j  max_{l, h}  avg_pool(a[l, h, j, :], kernel)[i]     (edges not damped)
 
+``aggregation`` replaces the max over layers and heads: ``"mean"`` takes their mean, and
+``"content-mean"`` the mean of rows that first leave out the attention sink and the local window and
+are renormalised over the rest (see `Aggregation`).
+
 Example::
 
     scorer = DraftAttentionScorer("smollm2-135m", look_ahead=8)
@@ -19,7 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast, get_args
 
 import torch
 
@@ -30,7 +34,7 @@ from ...runtime.attention import sdpa_context
 from ...runtime.lean import LeanModel
 from ...runtime.norms import install_fused_norms
 from ...runtime.settings import ExecutionSettings
-from ...types import Prompt, TokenScores, int64_tensor
+from ...types import Aggregation, Prompt, TokenScores, int64_tensor
 from ...validation import check_int
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
@@ -39,7 +43,20 @@ from .lookahead import FixedBufferLookAhead, supports_fixed_buffers
 if TYPE_CHECKING:
     from .incremental import DraftSession
 
-__all__ = ["DraftAttentionScorer"]
+__all__ = ["AGGREGATIONS", "DraftAttentionScorer", "check_aggregation"]
+
+#: Every `Aggregation`, the paper's first.
+AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
+
+
+def check_aggregation(value: Any) -> Aggregation:
+    """``value`` when it names an `Aggregation`; raises `InvalidRequestError` (param ``aggregation``) otherwise."""
+    if not isinstance(value, str) or value not in AGGREGATIONS:
+        raise InvalidRequestError(
+            f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {value!r}", param="aggregation"
+        )
+    return cast("Aggregation", value)
+
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +80,13 @@ class DraftAttentionScorer:
             head runs), so scoring costs about ``layers / depth`` of a full draft prefill. Needs
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
+        aggregation: how each query's attention rows are reduced over layers and heads (`Aggregation`):
+            ``"max"`` (the SpecPrefill paper's), ``"mean"``, or ``"content-mean"``: the mean of rows
+            without the attention sink (the first token) and the local window (the prompt's last
+            `CONTENT_WINDOW` tokens, at most half of it), each renormalised over the rest. Tokens
+            of the left-out columns then score zero: they are kept only when protected or when the
+            budget reaches them. ``"content-mean"`` is what keeps a shallow draft (``layers``) near
+            the full draft's evidence recall; see docs/benchmarks.md.
         execution: how the draft's passes run (`ExecutionSettings`: fused norms, lean and compiled
             passes, the CUDA graph, the attention kernels, batch size); None: the defaults (compiled
             on a CUDA device, `ExecutionSettings.compile`). `warmup` compiles and measures.
@@ -97,9 +121,12 @@ class DraftAttentionScorer:
         dtype: str | torch.dtype | None = "auto",
         target_tokenizer: Any = None,
         layers: int | None = None,
+        aggregation: Aggregation = "max",
         execution: ExecutionSettings | None = None,
     ) -> None:
         self.look_ahead = check_int(look_ahead, "look_ahead", param="look_ahead", minimum=1)
+        #: how attention rows are reduced over layers and heads (`Aggregation`)
+        self.aggregation: Aggregation = check_aggregation(aggregation)
         self.pool_kernel = check_int(pool_kernel, "pool_kernel", param="pool_kernel", minimum=1)
         #: how the draft's passes run
         self.execution = ExecutionSettings.of(execution)
@@ -210,9 +237,10 @@ class DraftAttentionScorer:
 
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={self.layers}"
+        aggregation = "" if self.aggregation == "max" else f", aggregation={self.aggregation!r}"
         return (
             f"DraftAttentionScorer(draft={self.model_name!r}, look_ahead={self.look_ahead}, "
-            f"pool_kernel={self.pool_kernel}{layers})"
+            f"pool_kernel={self.pool_kernel}{layers}{aggregation})"
         )
 
     def new_session(self) -> DraftSession:
@@ -227,6 +255,7 @@ class DraftAttentionScorer:
         pool_kernel: int | None = None,
         layers: int | None = None,
         execution: ExecutionSettings | None = None,
+        aggregation: Aggregation | None = None,
     ) -> DraftAttentionScorer:
         """A scorer with other settings that shares this one's loaded draft model (and its lock).
 
@@ -239,10 +268,12 @@ class DraftAttentionScorer:
             look_ahead=self.look_ahead if look_ahead is None else look_ahead,
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
             layers=self.layers if layers is None else layers,
+            aggregation=self.aggregation if aggregation is None else aggregation,
             target_tokenizer=self.target_tokenizer,
             execution=self.execution if execution is None else execution,
         )
-        # What a pass costs depends on the look-ahead, the layers and how it runs, not on the pool.
+        # What a pass costs depends on the look-ahead, the layers and how it runs, not on the pool
+        # or the aggregation.
         if (variant.look_ahead, variant.layers, variant.execution) == (self.look_ahead, self.layers, self.execution):
             variant.cost = self.cost
         return variant
@@ -315,6 +346,7 @@ class DraftAttentionScorer:
             "look_ahead_token_ids": continuation,
             "pool_kernel": self.pool_kernel,
             "layers": self.layers,
+            "aggregation": self.aggregation,
             "draft_tokens": len(draft.ids),
             "projected": draft.projected,
         }
@@ -363,6 +395,7 @@ class DraftAttentionScorer:
             skip=self._skip,
             device=self.loaded.device,
             padded=padded,
+            aggregation=self.aggregation,
         )
 
     def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
@@ -425,7 +458,7 @@ class DraftAttentionScorer:
         results = []
         for b in range(size):
             n_used = int(used[b])
-            values = collector.best[b, :n_used, int(pad[b]) :].mean(dim=0)
+            values = collector.reduced[b, :n_used, int(pad[b]) :].mean(dim=0)
             results.append((values.cpu(), n_used, tuple(int(t) for t in tokens[b][: n_used - 1])))
         return results
 
@@ -483,7 +516,7 @@ class DraftAttentionScorer:
             listed = first[:, None].tolist()
         else:
             listed = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
-        best = collector.best
+        best = collector.reduced
         eos = set(self.loaded.eos_token_ids)
         limit = self.loaded.max_context
         results = []
