@@ -152,3 +152,27 @@ def test_connections_beyond_the_cap_get_503_and_the_server_recovers(tmp_path: Pa
         assert server.alive()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"NOT AN HTTP REQUEST\r\n\r\n",
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: x\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: a\r\nHost : b\r\n\r\n",
+    ],
+    ids=["not-http", "bad-content-length", "bad-header-name"],
+)
+def test_a_request_that_is_not_well_formed_http_gets_an_openai_error_body(
+    slow_server: ServerProcess, raw: bytes
+) -> None:
+    with socket.create_connection(("127.0.0.1", slow_server.port), timeout=60) as sock:
+        sock.sendall(raw)
+        answer = _read_until_closed(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
+    assert b"content-type: application/json" in head.lower()
+    error = json.loads(body)["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "malformed_request"
+    assert error["message"].startswith("malformed HTTP request")
+    assert slow_server.alive()

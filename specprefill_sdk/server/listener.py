@@ -132,6 +132,13 @@ class LimitedH11Protocol(H11Protocol):
         if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
             self._await_head()
 
+    def send_400_response(self, msg: str) -> None:
+        """A request uvicorn cannot parse (bad framing): this server's JSON error body, not plain text."""
+        self._stop_head_timer()
+        body = error_body(f"malformed HTTP request: {msg}", "invalid_request_error", code="malformed_request")
+        self.transport.write(_raw_response(400, "Bad Request", body))
+        self.transport.close()
+
     def _await_head(self) -> None:
         self._stop_head_timer()
         self._head_cycle = self.cycle
