@@ -22,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from .errors import InvalidRequestError
 from .types import TEMPLATE_ROLE, TEXT_ROLE, Message, Prompt
 
@@ -90,11 +92,51 @@ def _special_ids(tokenizer: Any) -> set[int]:
     return ids
 
 
+#: The transformers methods between a fast tokenizer's call and its Rust backend's ``encode_batch``
+#: (4.x and 5.x); a class that overrides one of them does more than encode, so it is called as it is.
+_CALL_PATH = ("__call__", "_call_one", "encode_plus", "_encode_plus", "_batch_encode_plus")
+#: The transformers classes whose call is the backend's encoding (5.x, and 4.x's name).
+_FAST_BASES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def _backend(tokenizer: Any) -> Any:
+    """The Rust tokenizer when calling ``tokenizer`` is exactly its ``encode``, else None.
+
+    Calling the backend directly skips the wrapper's conversion of the encoding into Python lists,
+    which costs as much as a tenth of the encoding itself on a long prompt. It is taken only for a
+    plain fast tokenizer in its default state: no method of the call path overridden, special tokens
+    not split, no truncation or padding set on the backend.
+    """
+    backend = getattr(tokenizer, "_tokenizer", None)
+    if backend is None or getattr(tokenizer, "split_special_tokens", False):
+        return None
+    base = next((c for c in type(tokenizer).__mro__ if c.__name__ in _FAST_BASES), None)
+    if base is None or any(getattr(type(tokenizer), m, None) is not getattr(base, m, None) for m in _CALL_PATH):
+        return None
+    try:
+        if backend.truncation is not None or backend.padding is not None or backend.encode_special_tokens:
+            return None
+    except AttributeError:
+        return None
+    return backend
+
+
 def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+    backend = _backend(tokenizer)
+    if backend is not None:
+        enc = backend.encode(text, add_special_tokens=add_special_tokens)
+        return enc.ids, enc.offsets
     enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     ids = [int(i) for i in enc["input_ids"]]
     offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
     return ids, offsets
+
+
+def _special_mask(ids: Sequence[int], special_ids: set[int]) -> np.ndarray:
+    """Which ids are special, computed in numpy rather than a Python test per token."""
+    if not special_ids or not ids:
+        return np.zeros(len(ids), dtype=bool)
+    return np.isin(np.asarray(ids, dtype=np.int64), np.fromiter(special_ids, dtype=np.int64))
 
 
 def build_prompt(
@@ -191,17 +233,19 @@ def _check_tool_parts(
 
 def _from_text(tokenizer: Any, text: str, protected_spans: Sequence[tuple[int, int]]) -> Prompt:
     ids, offsets = _tokenize(tokenizer, text, add_special_tokens=True)
-    special_ids = _special_ids(tokenizer)
     n = len(ids)
-    special = tuple(i in special_ids for i in ids)
-    roles = tuple(TEMPLATE_ROLE if s else TEXT_ROLE for s in special)
+    # A text prompt has few special tokens (a BOS): mark those, not test every token in Python.
+    marked = np.flatnonzero(_special_mask(ids, _special_ids(tokenizer))).tolist()
+    special, roles = [False] * n, [TEXT_ROLE] * n
+    for t in marked:
+        special[t], roles[t] = True, TEMPLATE_ROLE
     return Prompt(
         token_ids=tuple(ids),
         text=text,
-        roles=roles,
+        roles=tuple(roles),
         message_index=(0,) * n,
         offsets=tuple(offsets),
-        special=special,
+        special=tuple(special),
         protected=_protect_spans(offsets, protected_spans),
         generation_start=n,
         messages=None,
@@ -256,38 +300,61 @@ def _from_messages(
     for (a, b), m in zip(segs, messages, strict=False):
         at = full.find(m.content, a, b) if m.content else -1
         content_spans.append((at, at + len(m.content)) if at >= 0 else (b, b))
-    special_ids = _special_ids(tokenizer)
-    roles, msg_idx = [], []
-    gen_a = segs[-1][0]
-    generation_start = len(ids)
-    for t, (start, end) in enumerate(offsets):
-        pos = start if end > start else max(start - 1, 0)
-        if add_gen and start >= gen_a and generation_start == len(ids) and gen_a < len(full):
-            generation_start = t
-        index = -1
-        for i, (a, b) in enumerate(segs[:-1]):
-            if a <= pos < b:
-                index = i
-                break
-        if index < 0:
-            roles.append(TEMPLATE_ROLE)
-            msg_idx.append(-1)
-            continue
-        ca, cb = content_spans[index]
-        in_content = ca <= pos < cb and ids[t] not in special_ids
-        roles.append(messages[index].role if in_content else TEMPLATE_ROLE)
-        msg_idx.append(index)
+    special = _special_mask(ids, _special_ids(tokenizer))
+    codes, msg_idx, generation_start = _locate(
+        offsets, segs, content_spans, special, add_gen and segs[-1][0] < len(full)
+    )
+    table = [m.role for m in messages] + [TEMPLATE_ROLE]
+    roles = list(map(table.__getitem__, codes))
     return Prompt(
         token_ids=tuple(ids),
         text=full,
         roles=tuple(roles),
         message_index=tuple(msg_idx),
         offsets=tuple(offsets),
-        special=tuple(i in special_ids for i in ids),
+        special=tuple(special.tolist()),
         protected=_protect_spans(offsets, protected_spans),
         generation_start=generation_start,
         messages=tuple(messages),
     )
+
+
+def _locate(
+    offsets: Sequence[tuple[int, int]],
+    segs: Sequence[tuple[int, int]],
+    content_spans: Sequence[tuple[int, int]],
+    special: np.ndarray,
+    generation: bool,
+) -> tuple[list[int], list[int], int]:
+    """Each token's role code (``len(messages)``: template) and message (-1: template glue), and the
+    index where the generation prompt starts, computed in numpy rather than token by token.
+
+    A token belongs to the message segment that holds its first character (for an empty span, the
+    character before it); the segments of `_segments` are sorted and disjoint, so that segment is
+    the last one starting at or before it.
+    """
+    n = len(offsets)
+    bounds = np.asarray(segs[:-1], dtype=np.int64).reshape(-1, 2)
+    starts, ends = bounds[:, 0], bounds[:, 1]
+    spans = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    first, last = spans[:, 0], spans[:, 1]
+    # An empty span (a token of no characters) belongs where the character before it does.
+    pos = np.where(last > first, first, np.maximum(first - 1, 0))
+    seg = np.searchsorted(starts, pos, side="right") - 1
+    safe = np.clip(seg, 0, None)
+    inside = (seg >= 0) & (pos < ends[safe]) if len(bounds) else np.zeros(n, dtype=bool)
+    index = np.where(inside, seg, -1)
+    content = np.asarray(content_spans, dtype=np.int64).reshape(-1, 2)
+    in_content = inside & ~special
+    if len(content):
+        in_content &= (content[safe, 0] <= pos) & (pos < content[safe, 1])
+    codes = np.where(in_content, index, len(segs) - 1)
+    generation_start = n
+    if generation:
+        after = np.flatnonzero(first >= segs[-1][0])
+        if len(after):
+            generation_start = int(after[0])
+    return codes.tolist(), index.tolist(), generation_start
 
 
 def _protect_spans(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> tuple[bool, ...]:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from specprefill_sdk import InvalidRequestError, build_prompt
+from specprefill_sdk.types import Message, Prompt
 
 pytestmark = pytest.mark.slow
 
@@ -58,3 +61,69 @@ def test_bad_prompts_raise_invalid_request(tokenizer, bad) -> None:
 def test_protected_span_validation(tokenizer) -> None:
     with pytest.raises(InvalidRequestError):
         build_prompt(tokenizer, "hello", protected_spans=[(3, 1)])
+
+
+def _per_token(tokenizer: Any, prompt: Any, **kwargs: Any) -> Prompt:
+    """The Prompt as built token by token: the tokenizer called as a whole, each token placed in Python."""
+    if isinstance(prompt, str) and not kwargs.get("chat_template"):
+        enc = tokenizer(prompt, add_special_tokens=True, return_offsets_mapping=True)
+        ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+        special_ids = set(tokenizer.all_special_ids) | {int(i) for i in tokenizer.added_tokens_decoder}
+        special = tuple(i in special_ids for i in ids)
+        return Prompt(
+            token_ids=tuple(ids),
+            text=prompt,
+            roles=tuple("template" if s else "text" for s in special),
+            message_index=(0,) * len(ids),
+            offsets=tuple(offsets),
+            special=special,
+            protected=(False,) * len(ids),
+            generation_start=len(ids),
+        )
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    full = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+    bounds = [0] + [len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)) for i in range(len(messages))]
+    special_ids = set(tokenizer.all_special_ids) | {int(i) for i in tokenizer.added_tokens_decoder}
+    roles, index, generation = [], [], len(ids)
+    for t, (a, b) in enumerate(offsets):
+        pos = a if b > a else max(a - 1, 0)
+        if a >= bounds[-1] and generation == len(ids):
+            generation = t
+        i = next((i for i in range(len(messages)) if bounds[i] <= pos < bounds[i + 1]), -1)
+        content = messages[i]["content"] if i >= 0 else ""
+        at = full.find(content, bounds[i], bounds[i + 1]) if i >= 0 and content else -1
+        inside = i >= 0 and at >= 0 and at <= pos < at + len(content) and ids[t] not in special_ids
+        roles.append(messages[i]["role"] if inside else "template")
+        index.append(i)
+    return Prompt(
+        token_ids=tuple(ids),
+        text=full,
+        roles=tuple(roles),
+        message_index=tuple(index),
+        offsets=tuple(offsets),
+        special=tuple(i in special_ids for i in ids),
+        protected=(False,) * len(ids),
+        generation_start=generation,
+        messages=tuple(Message(m["role"], m["content"]) for m in messages),
+    )
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    [
+        "Hello <|im_start|> world<|endoftext|>, héllo 😀\n\n\n  spaces",
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi <|im_end|> there"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "An essay.\n\nWhat is it about?"},
+        ],
+        [{"role": "user", "content": ""}, {"role": "user", "content": "x"}],
+    ],
+    ids=["text", "chat", "empty-message"],
+)
+def test_the_prompt_equals_the_token_by_token_build(tokenizer: Any, prompt: Any) -> None:
+    # build_prompt reads the Rust encoding directly and places tokens in numpy; the result is the same
+    assert build_prompt(tokenizer, prompt) == _per_token(tokenizer, prompt)

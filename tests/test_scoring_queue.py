@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from specprefill_sdk._timing import REQUEST_TIMES, RequestTimes
 from specprefill_sdk.errors import InvalidRequestError, RequestCancelledError
 from specprefill_sdk.interfaces import IncrementalScorer, ModelScorer, Scorer
 from specprefill_sdk.pipeline import compress_prompts
@@ -450,3 +451,20 @@ def test_the_queued_scorer_is_the_inner_scorer_to_traces_and_drivers(
         _ = plain.model_name
     with pytest.raises(AttributeError):
         inspect.getattr_static(plain, "new_session")
+
+
+def test_a_caller_records_its_wait_in_the_queue_in_its_request_times(
+    queue: ScoringQueue, clock: FakeClock, recording: Recording, prompts: Any
+) -> None:
+    queued = QueuedScorer(recording, queue)
+    times = RequestTimes()
+    context = contextvars.copy_context()
+    context.run(REQUEST_TIMES.set, times)
+    caller = Caller(lambda: queued.score(prompts["a"]), context)
+    bystander = Caller(lambda: queued.score(prompts["b"]))  # no request times: nothing recorded, no error
+    until(lambda: queue.depth == 2, "both prompts wait")
+    clock.advance(0.05)  # the batch's wait is over: scoring begins 50 ms after the prompts arrived
+    caller.outcome()
+    bystander.outcome()
+    assert times.get("queue") == pytest.approx(50.0)
+    assert times.get("submit") is None

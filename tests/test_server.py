@@ -201,6 +201,20 @@ def test_streaming_matches_the_whole_answer_and_ends_with_usage(client: openai.O
     assert last.model_dump()["usage"]["specprefill"]["kept_tokens"] == _sp(whole)["kept_tokens"]
 
 
+def test_usage_breaks_the_time_to_first_token_down(client: openai.OpenAI, text: str) -> None:
+    kwargs: dict[str, Any] = {"model": MODEL, "prompt": _messages(text)[0]["content"], "max_tokens": 3}
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    streamed = chunks[-1].model_dump()["usage"]["specprefill"]
+    whole = _sp(client.completions.create(**kwargs))
+    for sp in (streamed, whole):
+        assert sp["score_ms"] > 0 and sp["tokenize_ms"] > 0 and sp["select_ms"] > 0 and sp["ttft_ms"] > 0
+        assert sp["submit_ms"] is None  # the transformers engine hands no request to another engine
+        assert sp["queue_ms"] is None or sp["queue_ms"] <= sp["score_ms"]
+        assert sp["host_ms"] == pytest.approx(sp["server_ms"] - sp["score_ms"] - sp["prefill_ms"])
+        # the stages run one after the other inside the server's time to the first token
+        assert sp["server_ms"] > sp["tokenize_ms"] + sp["score_ms"] + sp["select_ms"] + sp["prefill_ms"]
+
+
 def test_stream_without_include_usage_has_no_usage_chunk(client: openai.OpenAI) -> None:
     chunks = list(
         client.completions.create(

@@ -85,7 +85,10 @@ def to_draft_tokens(prompt: Prompt, tokenizer: Any, vocab_size: int, same_vocab:
             plain = encoded if not with_special else _encode(tokenizer, prompt.text, add_special_tokens=False)
             direct = tuple(encoded[0]) == prompt.token_ids or tuple(plain[0]) == prompt.token_ids
     if direct:
-        bad = [t for t in prompt.token_ids if not 0 <= t < vocab_size]
+        given = prompt.token_ids
+        # min/max run in C; the first offending id is looked for only when there is one.
+        outside = bool(given) and (min(given) < 0 or max(given) >= vocab_size)
+        bad = [t for t in given if not 0 <= t < vocab_size] if outside else []
         if bad:
             raise InvalidRequestError(
                 f"token id {bad[0]} is outside the draft's vocabulary of {vocab_size}; give the prompt's text or "

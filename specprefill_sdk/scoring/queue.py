@@ -20,6 +20,9 @@ arrived earlier):
 - a prompt whose cancel event is set (`cancel`) leaves the queue and its caller gets
   `RequestCancelledError`; a prompt already being scored is finished.
 
+A caller's wait from its submission until its batch began scoring is recorded as the ``queue`` stage
+of the request's times (`specprefill_sdk._timing.record`), where the server reports it.
+
 Errors: an exception of a batch's ``score_batch`` reaches every caller of that batch as the same
 exception object, except a `SpecPrefillError` (an invalid prompt, a prompt beyond the draft's context),
 which is about one input: the batch is then scored again one prompt at a time, so that each caller
@@ -44,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from .._cancel import REQUEST_CANCEL  # `QueuedScorer` submits with the request's cancel event
+from .._timing import record
 from ..errors import InvalidRequestError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Scorer
 from ..types import Prompt, TokenScores
@@ -137,6 +141,8 @@ class _Item:
     prompt: Prompt
     cancel: threading.Event | None
     arrived: float
+    #: When its batch began scoring (the queue's clock); None until then.
+    started: float | None = None
     done: threading.Event = field(default_factory=threading.Event)
     result: TokenScores | None = None
     error: BaseException | None = None
@@ -235,6 +241,11 @@ class ScoringQueue:
             self._cond.notify_all()
         for item in items:
             item.done.wait()
+        # The wait until scoring began, for the request's stage times (``queue``); the last
+        # prompt's, as the caller waits for all of them.
+        started = [item.started for item in items if item.started is not None]
+        if started:
+            record("queue", (max(started) - now) * 1000.0)
         for item in items:
             if item.error is not None:
                 raise item.error
@@ -362,6 +373,8 @@ class ScoringQueue:
     def _score(self, batch: list[_Item]) -> None:
         scorer = batch[0].scorer
         started = self._clock.now()
+        for item in batch:
+            item.started = started
         try:
             try:
                 results = scorer.score_batch([item.prompt for item in batch])

@@ -37,6 +37,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import __version__
 from .._cancel import GenerationStopped
+from .._timing import elapsed_ms
 from ..conversation import STRATEGIES
 from ..errors import InvalidRequestError, NotFoundError, RequestCancelledError, SpecPrefillError
 from ..interfaces import Backend, Calibrated, Executed, LocalBackend, Scorer
@@ -49,7 +50,7 @@ from .engine import RequestContext, ServingEngine, StreamHandle, Turn, check_cha
 from .errors import ShuttingDownError, error_body, install_error_handlers
 from .limits import AUTHENTICATED_KEY, Drain, GuardMiddleware, HostCheck, Ticket
 from .logprobs import TokenText, chat_logprobs, completion_logprobs
-from .request_id import RequestIdMiddleware, request_id
+from .request_id import RequestIdMiddleware, request_arrived, request_id
 from .schemas import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -629,7 +630,7 @@ async def _serve(
     sampling = _sampling(body, max_tokens)
     options = body.specprefill
     return_ids = bool(options and options.return_token_ids)
-    ctx = RequestContext(request.headers)
+    ctx = RequestContext(request.headers, request_arrived(request))
     rid = request_id(request)
     handle: StreamHandle | None = None
     async with _Departure(request, engine, ctx) as departure:
@@ -639,7 +640,9 @@ async def _serve(
             if not body.stream:
                 completion = await departure.run(engine.run_generate, prepared)
                 engine.finished(ctx, ticket, prepared, completion)
-                return JSONResponse(_response(kind, engine.served_model, completion, return_ids, rid, shape=shape))
+                ctx.times.add("server", elapsed_ms(ctx.arrived))
+                payload = _response(kind, engine.served_model, completion, return_ids, rid, shape=shape, ctx=ctx)
+                return JSONResponse(payload)
             # A stream learns of a disconnect from its response, once that begins.
             iterator = await departure.run(engine.open_stream, prepared)
             handle = StreamHandle(engine, ctx, iterator, ticket, prepared)
@@ -680,7 +683,7 @@ async def _serve_turn(
             "specprefill.conversation_id",
         )
     sampling = _sampling(body, max_tokens)
-    ctx = RequestContext(request.headers)
+    ctx = RequestContext(request.headers, request_arrived(request))
     # Claimed on the event loop, before any await: a second request for it sees it busy (409).
     if options.conversation_start:
         entry = store.reserve(owner, options.conversation_id or new_conversation_id())
@@ -697,6 +700,7 @@ async def _serve_turn(
                 if not body.stream:
                     completion = await departure.run(engine.run_turn, turn)
                     engine.finished(ctx, ticket, turn, completion)
+                    ctx.times.add("server", elapsed_ms(ctx.arrived))
                     payload = _response(
                         "chat",
                         engine.served_model,
@@ -705,6 +709,7 @@ async def _serve_turn(
                         request_id(request),
                         turn,
                         shape,
+                        ctx,
                     )
                     return JSONResponse(payload, headers=headers)
                 iterator = await departure.run(engine.open_turn_stream, turn)
@@ -804,9 +809,12 @@ class _Departure:
             raise
 
 
-def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
+def _usage(completion: Completion, turn: Turn | None = None, ctx: RequestContext | None = None) -> UsageInfo:
     usage = completion.usage
     conversation: ConversationUsage | None = ServingEngine.turn_usage(turn) if turn is not None else None
+    times = ctx.times if ctx is not None else None
+    server = times.get("server") if times is not None else None
+    timings = completion.timings
     return UsageInfo(
         prompt_tokens=usage.prompt_tokens,
         completion_tokens=usage.completion_tokens,
@@ -814,8 +822,15 @@ def _usage(completion: Completion, turn: Turn | None = None) -> UsageInfo:
         specprefill=SpecPrefillUsage(
             kept_tokens=usage.kept_tokens,
             keep_ratio=usage.keep_ratio,
-            score_ms=completion.timings.score,
-            prefill_ms=completion.timings.prefill,
+            score_ms=timings.score,
+            prefill_ms=timings.prefill,
+            select_ms=timings.select,
+            ttft_ms=timings.ttft,
+            tokenize_ms=times.get("tokenize") if times is not None else None,
+            queue_ms=times.get("queue") if times is not None else None,
+            submit_ms=times.get("submit") if times is not None else None,
+            server_ms=server,
+            host_ms=None if server is None else server - timings.score - timings.prefill,
             fallback=completion.fallback,
             reason=completion.selection.reason if completion.selection is not None else None,
             conversation=conversation,
@@ -831,10 +846,11 @@ def _response(
     rid: str,
     turn: Turn | None = None,
     shape: _Shape = _Shape(),
+    ctx: RequestContext | None = None,
 ) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
-    usage = _usage(completion, turn).model_dump()
+    usage = _usage(completion, turn, ctx).model_dump()
     token_text, entries = shape.token_text, completion.logprobs
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": completion.text}
@@ -955,6 +971,7 @@ async def _events(
         return _sse(payload)
 
     completion: Completion | None = None
+    first = True
     over = asyncio.ensure_future(drain.over())
     try:
         if kind == "chat":
@@ -979,6 +996,9 @@ async def _events(
             # incomplete character: clients and load generators time the first token by the first
             # chunk, and vLLM sends one per step too.
             if piece.text or piece.token_ids:
+                if first:  # the server's time to the first token: from arrival to this chunk's hand-off
+                    handle.ctx.times.add("server", elapsed_ms(handle.ctx.arrived))
+                    first = False
                 if parser is None:
                     yield chunk(piece.text, None, piece.token_ids, logprobs=logprobs_of(piece.logprobs))
                 else:
@@ -995,7 +1015,7 @@ async def _events(
                         finish = "tool_calls"
                 yield chunk(None if kind == "chat" else "", finish)
         if include_usage and completion is not None:
-            yield _sse({**base, "choices": [], "usage": _usage(completion, turn).model_dump()})
+            yield _sse({**base, "choices": [], "usage": _usage(completion, turn, handle.ctx).model_dump()})
         yield "data: [DONE]\n\n"
     except ShuttingDownError as exc:
         logger.info("a stream was ended by the shutdown (request %s)", rid)

@@ -28,6 +28,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import metrics, propagate, trace
 
 from .._cancel import REQUEST_CANCEL, check_cancelled
+from .._timing import REQUEST_TIMES, RequestTimes, elapsed_ms, record
 from ..conversation import STRATEGIES, Conversation
 from ..errors import (
     ContextTooLongError,
@@ -95,13 +96,16 @@ class RequestContext:
 
     All steps of a request run inside one `contextvars.Context`, so spans opened in one step (a
     streaming generator's) are closed in the same context by a later step. ``arrived`` is when the
-    request was received (``time.perf_counter``), where its end-to-end latency starts; the request's
-    prompt waiting in the scoring queue is the one `ServingEngine.cancel` drops.
+    request was received (``time.perf_counter``; ``arrived`` when given, else now), where its
+    end-to-end latency starts; the request's prompt waiting in the scoring queue is the one
+    `ServingEngine.cancel` drops. ``times`` collects the stage times its steps record (`REQUEST_TIMES`).
     """
 
-    def __init__(self, headers: Mapping[str, str] | None = None) -> None:
-        self.arrived = time.perf_counter()
+    def __init__(self, headers: Mapping[str, str] | None = None, arrived: float | None = None) -> None:
+        self.arrived = time.perf_counter() if arrived is None else arrived
+        self.times = RequestTimes()
         self._ctx = contextvars.copy_context()
+        self._ctx.run(REQUEST_TIMES.set, self.times)
         #: Set when the request is cancelled (its client went away): see `ServingEngine.cancel`.
         self.cancelled = threading.Event()
         self._ctx.run(REQUEST_CANCEL.set, self.cancelled)
@@ -138,6 +142,8 @@ class StreamHandle:
     ) -> None:
         self._engine = engine
         self._ctx = ctx
+        #: The request's context (its arrival and stage times, for the usage).
+        self.ctx = ctx
         self._iterator = iterator
         self._ticket = ticket
         self._request = request
@@ -583,9 +589,12 @@ class ServingEngine:
         if prompt_input is None:
             raise InvalidRequestError("the request has no prompt", param="messages")
         pipeline = self.pipeline_for(options)
+        started = time.perf_counter()
         prompt = pipeline.prompt(prompt_input, tools=tools)
-        if any(not 0 <= t < self.vocab_size for t in prompt.token_ids):
+        # min/max run in C: a generator over a long prompt's ids costs milliseconds.
+        if prompt.n and (min(prompt.token_ids) < 0 or max(prompt.token_ids) >= self.vocab_size):
             raise InvalidRequestError(f"token ids must lie in [0, {self.vocab_size})", param="prompt")
+        record("tokenize", elapsed_ms(started))
         self._check_prompt_length(prompt.n, "prompt" if isinstance(prompt_input, str | Prompt) else "messages")
         return Prepared(pipeline, prompt, None, self._sampling(sampling, prompt.n))
 

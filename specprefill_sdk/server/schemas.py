@@ -267,6 +267,27 @@ class SpecPrefillUsage(BaseModel):
     keep_ratio: float = Field(description="kept_tokens / prompt_tokens.")
     score_ms: float = Field(description="Draft scoring time in milliseconds (0 when no scoring ran).")
     prefill_ms: float = Field(description="Target prefill time in milliseconds.")
+    select_ms: float | None = Field(None, description="Selecting the kept tokens from the scores, in milliseconds.")
+    ttft_ms: float | None = Field(
+        None, description="The pipeline's time to the first token: from its call (after tokenizing) to that token."
+    )
+    tokenize_ms: float | None = Field(
+        None, description="Tokenizing the prompt into its Prompt (chat template, offsets, roles), in milliseconds."
+    )
+    queue_ms: float | None = Field(
+        None, description="Waiting in the scoring queue before the draft began (part of score_ms); null: no queue."
+    )
+    submit_ms: float | None = Field(
+        None, description="Building the engine's request and handing it over (part of prefill_ms); null: none."
+    )
+    server_ms: float | None = Field(
+        None,
+        description="From the request's arrival (before its body was read) to its first token's chunk (streamed) "
+        "or to its answer (not streamed), in milliseconds.",
+    )
+    host_ms: float | None = Field(
+        None, description="server_ms - score_ms - prefill_ms: the server's time around the two model steps."
+    )
     fallback: str | None = Field(None, description="Why the request fell back to dense prefill, or null.")
     reason: str | None = Field(None, description="How the kept tokens were chosen, e.g. 'dense below 256 tokens'.")
     conversation: ConversationUsage | None = Field(

@@ -25,6 +25,7 @@ from typing import Any
 
 from ..._cancel import check_cancelled
 from ..._timing import elapsed_ms as _ms
+from ..._timing import record
 from ...errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError, ModelLoadError
 from ...interfaces import BackendCapabilities
 from ...models import DEFAULT_MODEL, resolve_model_path
@@ -356,8 +357,12 @@ class VLLMBackend(BackendBase):
         """Yield ``(cumulative output, wall time)`` until the request finishes; abort if closed early."""
         if self.llm is None:
             raise BackendUnavailableError("the vLLM backend is closed")
+        t0 = time.perf_counter()
         vllm_prompt, vllm_params = self.request(prompt, params)
         rid = self._driver.submit(vllm_prompt, vllm_params)
+        # Building the request (its layout, the sampling) and handing it to the engine: host time
+        # inside ``prefill``, reported apart (``submit_ms``).
+        record("submit", _ms(t0))
         finished = False
         try:
             while True:
