@@ -583,6 +583,7 @@ class CompletionChunk:
 
     text: str
     token_ids: tuple[int, ...] = ()
-    logprobs: tuple[TokenLogprob, ...] = ()
     finish_reason: FinishReason | None = None
     completion: Completion | None = None
+    #: last, so that the positional form ``CompletionChunk(text, ids, finish_reason, completion)`` holds
+    logprobs: tuple[TokenLogprob, ...] = ()
