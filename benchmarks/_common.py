@@ -44,6 +44,16 @@ for _path in (ROOT / "benchmarks", ROOT):  # ROOT ends up first
 
 logger = logging.getLogger("benchmarks")
 
+
+def use_tree(tree: str | Path) -> Path:
+    """Import the library from another checkout ``tree`` (first on ``sys.path``), to time it "before"."""
+    path = Path(tree).resolve()
+    if str(path) in sys.path:
+        sys.path.remove(str(path))
+    sys.path.insert(0, str(path))
+    return path
+
+
 __all__ = [
     "RESULTS",
     "ROOT",
@@ -52,6 +62,7 @@ __all__ = [
     "median_ms",
     "save_figure",
     "setup_logging",
+    "use_tree",
     "write_json",
     "write_results",
 ]

@@ -20,7 +20,7 @@ with the bundled SmolLM2 tokenizer (the one the GPU serving runs use):
 Usage::
 
     python benchmarks/host_path_cpu.py                            # results/host_path_cpu.{json,md}
-    python benchmarks/host_path_cpu.py --tree /work/main --name host_path_cpu_before
+    python benchmarks/host_path_cpu.py --tree ../checkout-before --name host_path_cpu_before
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, add_output_args, command_line, write_results
+from _common import ROOT, add_output_args, command_line, use_tree, write_results
 
 MODEL = "smollm2-135m"
 LENGTHS = (8192, 16384, 32768)
@@ -224,8 +224,7 @@ def main() -> int:
     parser.add_argument("--no-server", action="store_true")
     add_output_args(parser, "host_path_cpu")
     args = parser.parse_args()
-    tree = args.tree.resolve()
-    sys.path.insert(0, str(tree))
+    tree = use_tree(args.tree)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
