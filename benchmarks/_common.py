@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +46,29 @@ for _path in (ROOT / "benchmarks", ROOT):  # ROOT ends up first
 logger = logging.getLogger("benchmarks")
 
 
+def start_server(
+    args: list[str], port: int, log: Path, *, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.Popen[bytes]:
+    """``specprefill serve ARGS`` on 127.0.0.1:``port`` (output in ``log``), once ``/health`` answers 200."""
+    import httpx
+
+    cmd = [sys.executable, "-m", "specprefill_sdk", "serve", *args]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=str(cwd), env=env)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    proc.terminate()
+    raise TimeoutError("the server did not start")
+
+
 def use_tree(tree: str | Path) -> Path:
     """Import the library from another checkout ``tree`` (first on ``sys.path``), to time it "before"."""
     path = Path(tree).resolve()
@@ -62,6 +86,7 @@ __all__ = [
     "median_ms",
     "save_figure",
     "setup_logging",
+    "start_server",
     "use_tree",
     "write_json",
     "write_results",

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, add_output_args, command_line, use_tree, write_results
+from _common import ROOT, add_output_args, command_line, start_server, use_tree, write_results
 
 MODEL = "smollm2-135m"
 LENGTHS = (8192, 16384, 32768)
@@ -89,26 +89,11 @@ def prompt_costs(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def start_server(tree: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
-    import httpx
-
-    cmd = [sys.executable, "-m", "specprefill_sdk", "serve", "--model", MODEL, "--dtype", "float32"]
-    cmd += ["--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    cmd += ["--warmup-tokens", "256"]
+def serve(tree: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """The server of checkout ``tree`` (its own package first on the path)."""
+    args = ["--model", MODEL, "--dtype", "float32", "--device", "cpu", "--warmup-tokens", "256"]
     env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=str(tree), env=env)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.terminate()
-    raise TimeoutError("the server did not start")
+    return start_server(args, port, log, cwd=tree, env=env, timeout=600)
 
 
 def one_request(http: Any, text: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +144,7 @@ def server_costs(args: argparse.Namespace, tree: Path) -> dict[str, Any]:
         port = int(sock.getsockname()[1])
     Path(args.out).mkdir(parents=True, exist_ok=True)
     log = Path(args.out) / f"{args.name}_server.log"
-    proc = start_server(tree, port, log)
+    proc = serve(tree, port, log)
     rows = []
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:

@@ -23,14 +23,13 @@ import platform
 import socket
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
-from _common import RESULTS, ROOT, write_json
+from _common import RESULTS, start_server, write_json
 
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.policies import load_pipeline
@@ -45,38 +44,8 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_server(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "specprefill_sdk",
-        "serve",
-        "--model",
-        MODEL,
-        "--device",
-        args.device,
-        "--dtype",
-        args.dtype,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-    ]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=str(ROOT))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.terminate()
-    raise TimeoutError("the server did not start")
+def serve(args: argparse.Namespace, port: int, log: Path) -> subprocess.Popen[bytes]:
+    return start_server(["--model", MODEL, "--device", args.device, "--dtype", args.dtype], port, log)
 
 
 def in_process_ttft(pipe: Any, messages: list[dict[str, str]]) -> tuple[float, dict[str, float]]:
@@ -150,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "server_overhead_server.log"
     load_before = os.getloadavg()
-    proc = start_server(args, port, log)
+    proc = serve(args, port, log)
     results: dict[str, Any] = {}
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600) as http:
