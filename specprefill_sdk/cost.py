@@ -20,6 +20,7 @@ Example::
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -30,6 +31,8 @@ import torch
 
 from .errors import InvalidRequestError
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "SLOWER_THAN_DENSE",
     "CostCurve",
@@ -37,6 +40,7 @@ __all__ = [
     "CostModel",
     "WarmUpReport",
     "measure_curve",
+    "warm_up",
     "warmup_lengths",
     "warmup_token_ids",
 ]
@@ -224,3 +228,25 @@ def measure_curve(run: Callable[[int], object], lengths: Sequence[int], device: 
             best = min(best, (time.perf_counter() - t0) * 1000.0)
         points.append((int(n), best))
     return CostCurve.fit(points)
+
+
+def warm_up(
+    component: Any, run: Callable[[int], object], lengths: Sequence[int], device: Any, *, compiled: bool, what: str
+) -> WarmUpReport:
+    """A stage's warm-up: `measure_curve` over ``lengths`` (warm runs on CUDA), timed whole and logged.
+
+    ``component`` is the stage (its ``repr`` names it in the report and the log line); ``what`` names
+    the pass in the log line (``"dense prefill"``, ``"scoring"``).
+    """
+    started = time.perf_counter()
+    cost = measure_curve(run, lengths, device, warm=(getattr(device, "type", None) or str(device)) == "cuda")
+    report = WarmUpReport(repr(component), time.perf_counter() - started, cost, compiled)
+    logger.info(
+        "warmed up %s in %.1f s (%s): %s %s",
+        component,
+        report.seconds,
+        "compiled" if compiled else "not compiled",
+        what,
+        cost.describe(),
+    )
+    return report

@@ -28,7 +28,7 @@ import torch
 
 from .._cancel import check_cancelled
 from .._timing import elapsed_ms as _ms
-from ..cost import CostCurve, WarmUpReport, measure_curve, warmup_lengths, warmup_token_ids
+from ..cost import CostCurve, WarmUpReport, warm_up, warmup_lengths, warmup_token_ids
 from ..errors import ContextTooLongError, InvalidRequestError
 from ..interfaces import BackendCapabilities
 from ..models import LoadedModel, cache_argument, forward_parameters, load_model, text_config
@@ -255,23 +255,14 @@ class TransformersBackend(BackendBase):
         Raises:
             InvalidRequestError: a length that is not an integer >= 1.
         """
-        started = time.perf_counter()
         sizes = warmup_lengths(self.device, self.max_context - 2, lengths)
         ids = warmup_token_ids(self.tokenizer, max(sizes))
 
         def run(n: int) -> None:
             self.generate(CompressedPrompt.dense(Prompt.from_token_ids(ids[:n])), SamplingParams(max_tokens=1))
 
-        cost = measure_curve(run, sizes, self.device, warm=self.device.type == "cuda")
-        self.cost = cost
-        self.warmed_up = WarmUpReport(repr(self), time.perf_counter() - started, cost, self.compiled)
-        logger.info(
-            "warmed up %s in %.1f s (%s): dense prefill %s",
-            self,
-            self.warmed_up.seconds,
-            "compiled" if self.compiled else "not compiled",
-            cost.describe(),
-        )
+        self.warmed_up = warm_up(self, run, sizes, self.device, compiled=self.compiled, what="dense prefill")
+        self.cost = self.warmed_up.cost
         return self.warmed_up
 
     def __repr__(self) -> str:

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, cast, get_args
 
 import torch
 
-from ...cost import CostCurve, WarmUpReport, measure_curve, warmup_lengths, warmup_token_ids
+from ...cost import CostCurve, WarmUpReport, warm_up, warmup_lengths, warmup_token_ids
 from ...errors import InvalidRequestError, SpecPrefillError
 from ...models import DEFAULT_MODEL, LoadedModel, cache_argument, load_model, model_lock, text_config
 from ...runtime.attention import sdpa_context
@@ -182,7 +182,6 @@ class DraftAttentionScorer:
         Raises:
             InvalidRequestError: a length that is not an integer >= 1.
         """
-        started = time.perf_counter()
         device = self.loaded.device
         sizes = warmup_lengths(device, self.loaded.max_context - self.look_ahead, lengths)
         ids = tuple(warmup_token_ids(self.loaded.tokenizer, max(sizes)))
@@ -191,16 +190,8 @@ class DraftAttentionScorer:
             with self.lock:
                 self._score_ids([ids[:n]])
 
-        cost = measure_curve(run, sizes, device, warm=device.type == "cuda")
-        self.cost = cost
-        self.warmed_up = WarmUpReport(repr(self), time.perf_counter() - started, cost, self.compiled)
-        logger.info(
-            "warmed up %s in %.1f s (%s): scoring %s",
-            self,
-            self.warmed_up.seconds,
-            "compiled" if self.compiled else "not compiled",
-            cost.describe(),
-        )
+        self.warmed_up = warm_up(self, run, sizes, device, compiled=self.compiled, what="scoring")
+        self.cost = self.warmed_up.cost
         return self.warmed_up
 
     @property
