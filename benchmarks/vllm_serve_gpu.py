@@ -733,7 +733,10 @@ def _render_real(real: dict[str, Any] | None) -> list[str]:
         "| same tokens | same kept count |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
-    groups = [(t, [r for r in rows if r["task"] == t]) for t in real.get("tasks", [])] + [("all", rows)]
+    lengths = sorted({r["id"].split("/")[1] for r in rows}, key=int)
+    groups = [(t, [r for r in rows if r["task"] == t]) for t in real.get("tasks", [])]
+    groups += [(f"all at {int(n):,} tokens", [r for r in rows if r["id"].split("/")[1] == n]) for n in lengths]
+    groups += [("all", rows)]
     for task, group in groups:
         if not group:
             continue
