@@ -129,6 +129,8 @@ class PipelineFields(BaseModel):
     """``adaptive`` selector: keep at least this share."""
     max_rate: float | None = None
     """``adaptive`` selector: keep at most this share."""
+    min_tokens: int | None = None
+    """``adaptive`` selector: keep at least this many tokens (below ``max_rate``)."""
     look_ahead: int | None = None
     """Draft attention: the number of query tokens (the last prompt token and greedy look-ahead)."""
     pool_kernel: int | None = None

@@ -180,6 +180,8 @@ class SelectorSettings(_Section):
     min_rate: float = Field(default=0.05, gt=0, le=1)
     #: ... and at most this share.
     max_rate: float = Field(default=0.5, gt=0, le=1)
+    #: ``adaptive``: keep at least this many tokens (below ``max_rate``), so short prompts keep a larger share.
+    min_tokens: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> SelectorSettings:
@@ -226,6 +228,7 @@ _OVERRIDES: dict[str, str] = {
     "coverage": "selector",
     "min_rate": "selector",
     "max_rate": "selector",
+    "min_tokens": "selector",
     "look_ahead": "scorer",
     "pool_kernel": "scorer",
     "layers": "scorer",
@@ -320,7 +323,9 @@ class Policy(BaseModel):
             assert s.token_budget is not None
             base = cls(s.token_budget)
         else:
-            base = cls(s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.dense_below_tokens)
+            base = cls(
+                s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.dense_below_tokens, min_tokens=s.min_tokens
+            )
         selector: Selector = Chunked(base, s.chunk_size) if s.chunk_size > 1 else base
         if p.sink or p.tail is not False or p.roles or p.last_user_turn or p.special_tokens:
             selector = Protect(
@@ -373,7 +378,8 @@ class Policy(BaseModel):
         elif s.kind == "token-budget":
             keep = f"keep {s.token_budget} tokens"
         else:
-            keep = f"adaptive {s.min_rate:g}-{s.max_rate:g} (coverage {s.coverage:g})"
+            floor = f", at least {s.min_tokens} tokens" if s.min_tokens else ""
+            keep = f"adaptive {s.min_rate:g}-{s.max_rate:g} (coverage {s.coverage:g}{floor})"
         parts = [keep, f"chunk {s.chunk_size}" if s.chunk_size > 1 else "token-level"]
         if s.dense_below_tokens:
             parts.append(f"dense below {s.dense_below_tokens} tokens")

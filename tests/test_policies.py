@@ -169,6 +169,7 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
         "coverage": 0.8,
         "min_rate": 0.1,
         "max_rate": 0.3,
+        "min_tokens": 256,
     }
     changed = paper.with_overrides(**values)
     for key, value in values.items():

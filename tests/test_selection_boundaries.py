@@ -156,3 +156,24 @@ def test_protect_names_only_the_options_that_differ_from_the_defaults() -> None:
     assert Protect(KeepRate(0.1), sink=2).name == "Protect(KeepRate(0.1), sink=2)"
     # 1 == True in Python, but an integer tail of 1 is not the default tail: it is named.
     assert Protect(KeepRate(0.1), tail=1).name == "Protect(KeepRate(0.1), tail=1)"
+
+
+@pytest.mark.parametrize(("n", "min_tokens", "kept"), [(100, 30, 30), (100, 5, 10), (100, 80, 50), (40, 30, 20)])
+def test_adaptive_min_tokens_floor_below_the_ceiling(n: int, min_tokens: int, kept: int) -> None:
+    # Scores concentrated on one token: coverage alone would keep 1 (plus nothing forced).
+    values = torch.zeros(n)
+    values[3] = 1.0
+    selector = Adaptive(coverage=0.5, min_rate=0.1, max_rate=0.5, dense_below_tokens=0, min_tokens=min_tokens)
+    selection = selector.select(text_prompt(n), scores_of(values))
+    assert selection.kept == kept
+    assert 3 in selection.indices
+    if min_tokens > 0.1 * n and kept < 0.5 * n:
+        assert "raised to min_tokens" in selection.reason
+
+
+def test_adaptive_min_tokens_refused_when_negative() -> None:
+    from specprefill_sdk.errors import InvalidRequestError
+
+    with pytest.raises(InvalidRequestError) as info:
+        Adaptive(min_tokens=-1)
+    assert info.value.param == "min_tokens"

@@ -17,7 +17,12 @@ __all__ = ["Adaptive"]
 @dataclass(frozen=True)
 class Adaptive(BudgetSelector):
     """Keep the smallest set of tokens holding ``coverage`` of the score mass, clamped to
-    ``[min_rate, max_rate]`` of the prompt; prompts under ``dense_below_tokens`` are prefilled whole.
+    ``[max(min_rate * n, min_tokens), max_rate * n]`` of an ``n``-token prompt; prompts under
+    ``dense_below_tokens`` are prefilled whole.
+
+    ``min_tokens`` is a floor in tokens, so a short prompt keeps proportionally more than a long one:
+    a question needs about as many kept tokens of evidence whatever the length of the text around it.
+    The ceiling ``max_rate * n`` wins over the floor when they cross.
 
     A prompt whose importance is concentrated on few tokens keeps few; one whose scores are flat
     keeps up to ``max_rate``. The mass is measured over the tokens that are not already forced
@@ -28,16 +33,18 @@ class Adaptive(BudgetSelector):
     Example::
 
         Adaptive(coverage=0.9, min_rate=0.05, max_rate=0.5, dense_below_tokens=1024)
+        Adaptive(coverage=0.8, min_rate=0.1, max_rate=0.3, min_tokens=1024)
 
     Raises:
         InvalidRequestError: a rate or the coverage outside (0, 1], ``min_rate > max_rate``, or a
-            negative ``dense_below_tokens``.
+            negative ``dense_below_tokens`` or ``min_tokens``.
     """
 
     coverage: float = 0.9
     min_rate: float = 0.05
     max_rate: float = 0.5
     dense_below_tokens: int = 1024
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "coverage", check_rate(self.coverage, "coverage", param="coverage"))
@@ -48,12 +55,14 @@ class Adaptive(BudgetSelector):
                 f"min_rate ({self.min_rate:g}) must not exceed max_rate ({self.max_rate:g})", param="min_rate"
             )
         check_int(self.dense_below_tokens, "dense_below_tokens", param="dense_below_tokens", minimum=0)
+        check_int(self.min_tokens, "min_tokens", param="min_tokens", minimum=0)
 
     @property
     def name(self) -> str:
+        floor = f", min_tokens={self.min_tokens}" if self.min_tokens else ""
         return (
             f"Adaptive(coverage={self.coverage:g}, min_rate={self.min_rate:g}, max_rate={self.max_rate:g}, "
-            f"dense_below_tokens={self.dense_below_tokens})"
+            f"dense_below_tokens={self.dense_below_tokens}{floor})"
         )
 
     def budget(self, prompt: Prompt, values: torch.Tensor | None, forced: torch.Tensor) -> Budget | None:
@@ -62,14 +71,16 @@ class Adaptive(BudgetSelector):
             return Budget(count=n, rate=1.0, reason=f"adaptive: dense below {self.dense_below_tokens} tokens")
         if values is None:
             return None
-        low = min(n, max(1, ceil_count(self.min_rate * n)))
-        high = min(n, max(low, ceil_count(self.max_rate * n)))
+        high = min(n, max(1, ceil_count(self.max_rate * n)))
+        low = min(high, max(1, ceil_count(self.min_rate * n), self.min_tokens))
         n_forced = int(forced.sum())
         wanted = n_forced + self._covering_count(values[~forced])
         count = min(max(wanted, low), high)
         note = ""
         if wanted < low:
-            note = f", raised to min_rate {self.min_rate:g}"
+            by_tokens = self.min_tokens > ceil_count(self.min_rate * n)
+            floor = f"min_tokens {self.min_tokens}" if by_tokens else f"min_rate {self.min_rate:g}"
+            note = f", raised to {floor}"
         elif wanted > high:
             note = f", capped at max_rate {self.max_rate:g}"
         return Budget(
