@@ -5,23 +5,39 @@ real architectures built from hand-written configs (Llama-3.1-8B target / Llama-
 Qwen2.5-32B target / Qwen2.5-0.5B draft) and random weights: speed does not depend on weight values,
 and nothing is downloaded. Prompts are random token ids.
 
-For every pair, prompt length n, keep rate and look-ahead, measured in one process (median of
-``--repeats`` runs after a warm-up):
+``--mode`` picks how the passes run: ``default`` builds everything as a user who sets nothing
+(`load_pipeline` over the loaded models, no `ExecutionSettings`, ``SPECPREFILL_COMPILE`` unset:
+compiled and warmed up at load on CUDA, plain on a CPU, the dense-when-slower check on);
+``compile`` passes ``ExecutionSettings(compile=True)``; ``eager`` ``compile=False`` (the default
+without ``--mode``; ``--compile`` is ``--mode compile``). Each scorer is built and warmed up as
+`load_pipeline` does for a policy asking for it; the seconds each build took are in ``warmup``.
+``--pairs real --real-target PATH --real-draft PATH`` adds a real pair (GGUF files or model
+folders, bf16); its prompts are random ids of the target's vocabulary.
 
-- ``full``: a plain HF forward of the whole prompt (SDPA causal, KV cache written, last logits only)
-  plus the greedy first token; the backend's dense path is timed too;
-- ``draft``: the same plain forward on the draft (what scoring is compared with);
-- ``score``: `DraftAttentionScorer.score` (draft prefill + look-ahead + attention reduction), and its
-  peak memory over the weights against the plain draft prefill's;
-- ``kept``: a plain forward of the kept tokens at their original positions;
-- ``e2e``: `Pipeline(scorer, Protect(Chunked(KeepRate(r), 32)), TransformersBackend).generate(max_tokens=1)`;
-- ``e2e_direct``: score + select + the kept tokens' plain forward (no explicit mask), i.e. what the
-  backend reaches when a fresh single-row prefill skips the 4-D position mask;
-- ``ceiling = full / (draft + kept)`` and ``ratio = (full / e2e) / ceiling``.
+For every pair, prompt length n and scorer (each ``--look-aheads`` value at full depth, then the
+draft's first N layers with look-ahead 1 for each ``--draft-layers`` N) and keep rate, measured in
+one process (median of ``--repeats`` runs after a warm-up run):
+
+- ``dense_ms``: the ``dense`` policy's pipeline through the same backend (same mode), max_tokens=1;
+- ``spec_ms``: ``load_pipeline("paper", keep_rate=r, look_ahead=..., layers=...)`` over the same
+  backend and scorer, ``generate(max_tokens=1)``; ``fallback``: the reason the pipeline prefilled
+  densely (e.g. ``slower_than_dense: ...``), None when it compressed; ``speedup = dense_ms / spec_ms``;
+- ``full``/``draft``/``kept``: plain HF forwards of the prompt on the target and the draft, and of
+  the kept tokens at their original positions on the target; ``ceiling = full / (draft + kept)``;
+- ``score``: `DraftAttentionScorer.score` and its peak memory against the plain draft prefill's;
+- with ``--direct``: score + select + a plain forward of the kept tokens (no explicit mask); with
+  ``--no-graph``: look-ahead scoring without the CUDA graph.
+
+One progress line is printed per cell and the JSON is rewritten after each; ``--budget-s`` skips
+what is left (marked ``skipped``) and still writes the reports. ``benchmarks/ttft_modes.py``
+compares the three modes' results.
 
 Usage (device machine)::
 
-    python benchmarks/ttft_gpu.py --out $OUT
+    python benchmarks/ttft_gpu.py --mode default --name ttft_gpu_h200_default --out $OUT
+    python benchmarks/ttft_gpu.py --mode compile --name ttft_gpu_h200_compile --out $OUT
+    python benchmarks/ttft_gpu.py --pairs real --real-target T.gguf --real-draft D.gguf --mode default \
+        --keep-rates 0.1 0.3 --draft-layers 4 --name ttft_gpu_h200_real_default --out $OUT
     python benchmarks/ttft_gpu.py --tiny --out /tmp/gpu-check     # CPU check with tiny configs
 """
 
@@ -446,13 +462,20 @@ def bench_pair(
             {"pair": pair, "exactness": exactness(pair, target, draft, stages.backend, check_n, max(args.look_aheads))}
         )
     vocab = prompt_vocab(target, draft)
+    # A prompt must leave room for the first token (the pipeline refuses one that does not) and for the
+    # look-ahead in the draft: a real model's 32K context takes a few tokens less than 32768.
+    limit = min(target.max_context, draft.max_context) - max(c.look_ahead for c in configs) - 1
     gen = torch.Generator().manual_seed(1234)
-    for n in args.lengths:
+    for requested in args.lengths:
+        n = min(requested, limit)
+        if n != requested:
+            logger.warning("%s: n=%d does not fit the context; measuring n=%d", pair, requested, n)
         if bench.out_of_time():
             logger.warning("out of time: skipping %s n=%d", pair, n)
             sink({"pair": pair, "n": n, "skipped": "out of time"})
             continue
-        bench_length(pair, random_prompt(n, vocab, gen), target, draft, stages, configs, args, bench, sink, flush)
+        prompt = random_prompt(n, vocab, gen)
+        bench_length(pair, prompt, target, draft, stages, configs, args, bench, sink, flush)
     return stages.warmup
 
 
@@ -973,7 +996,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.plot(ns, [c["ceiling"] for _, c in points], ":", color=color)
         ax.set_xscale("log", base=2)
         ax.set_xticks([r["n"] for r in rows])
-        ax.set_xticklabels([f"{r['n'] // 1024}K" if r["n"] >= 1024 else str(r["n"]) for r in rows])
+        ax.set_xticklabels([f"{round(r['n'] / 1024)}K" if r["n"] >= 1024 else str(r["n"]) for r in rows])
         ax.set_xlabel("prompt tokens")
         ax.set_ylabel("TTFT speedup over dense prefill (dotted: ceiling)")
         ax.set_title(f"{rows[0]['target']} / {rows[0]['draft']}", fontsize=10)

@@ -69,16 +69,18 @@ def test_ttft_gpu_modes_draft_layers_and_their_comparison(tmp_path):
 
 
 def test_ttft_gpu_reads_the_fallback_of_a_warmed_up_pipeline(tmp_path):
-    # Warmed up, the cost model decides; a tiny CPU draft as large as its target, plus the look-ahead,
-    # costs more than the target's dense prefill, so the pipeline prefills densely and says why.
+    # Warmed up, the cost model decides each prompt from timings (a tiny CPU draft as large as its
+    # target, plus the look-ahead, usually loses): whichever way it went, the cell says it.
     result = _grid(
         tmp_path, "warm", "--mode", "default", "--warmup", "always", "--look-aheads", "8", "--keep-rates", "0.1"
     )
     assert result["warmup"]["llama"]["la8"]["cost_model"] is True
     (cell,) = [c for row in result["rows"] for c in row.get("cells", [])]
-    assert cell["fallback"].startswith("slower_than_dense"), cell
-    assert cell["kept_by_pipeline"] == 256
-    assert "slower_than_dense" in (tmp_path / "warm.md").read_text()
+    if cell["fallback"] is None:
+        assert 0 < cell["kept_by_pipeline"] < 256, cell
+    else:
+        assert cell["fallback"].startswith("slower_than_dense: ") and cell["kept_by_pipeline"] == 256, cell
+        assert "| slower_than_dense |" in (tmp_path / "warm.md").read_text()
 
 
 def test_ttft_gpu_stops_at_its_budget_and_keeps_what_it_has(tmp_path):
