@@ -28,7 +28,65 @@ def test_ttft_gpu_check_mode_writes_every_cell(tmp_path):
     cells = [c for row in result["rows"] for c in row.get("cells", [])]
     assert {(c["keep_rate"], c["look_ahead"]) for c in cells} == {(0.1, 8), (0.1, 1), (0.3, 8), (0.3, 1)}
     assert all(c["e2e_ms"] > 0 and c["ceiling"] > 0 for c in cells)
+    # Without --mode: eager, against the same backend's dense pipeline.
+    assert result["mode"] == "eager"
+    assert all(c["speedup"] == c["dense_ms"] / c["spec_ms"] and c["fallback"] is None for c in cells)
     assert (tmp_path / "ttft_gpu_h200.md").read_text().startswith("# GPU TTFT")
+
+
+def _grid(tmp_path: Path, name: str, *args: str) -> dict[str, Any]:
+    common = ["--tiny", "--pairs", "llama", "--repeats", "1", "--lengths", "256", "--no-exactness"]
+    _run("ttft_gpu.py", *common, "--out", str(tmp_path), "--name", name, *args)
+    return json.loads((tmp_path / f"{name}.json").read_text())
+
+
+def test_ttft_gpu_modes_draft_layers_and_their_comparison(tmp_path):
+    grid = ["--look-aheads", "1", "--draft-layers", "1", "--keep-rates", "0.1", "0.15", "0.2", "0.3"]
+    default = _grid(tmp_path, "g_default", "--mode", "default", *grid)
+    compiled = _grid(tmp_path, "g_compile", "--compile", *grid)  # the alias of --mode compile
+    eager = _grid(tmp_path, "g_eager", "--mode", "eager", *grid)
+    assert (default["mode"], compiled["mode"], eager["mode"]) == ("default", "compile", "eager")
+    want = {(r, 1, layers) for r in (0.1, 0.15, 0.2, 0.3) for layers in (None, 1)}
+    for result in (default, compiled, eager):
+        cells = [c for row in result["rows"] for c in row.get("cells", [])]
+        assert {(c["keep_rate"], c["look_ahead"], c["layers"]) for c in cells} == want
+        assert all(c["dense_ms"] > 0 and c["spec_ms"] > 0 for c in cells)
+        # On a CPU no mode compiles, so none warms up at load (as load_pipeline does it).
+        assert result["warmup"]["llama"]["la1"]["compiled"] is False
+        assert result["warmup"]["llama"]["la1"]["warmed_up"] is False
+    text = (tmp_path / "g_default.md").read_text()
+    assert "| layers |" in text and "llama: worst speedup" in text
+    paths = [str(tmp_path / f"g_{m}.json") for m in ("default", "compile", "eager")]
+    _run("ttft_modes.py", *paths, "--out", str(tmp_path), "--name", "modes")
+    combined = json.loads((tmp_path / "modes.json").read_text())
+    assert combined["modes"] == ["default", "compile", "eager"]
+    assert len(combined["rows"]) == len(want)
+    for row in combined["rows"]:
+        assert row["default_over_compile"] == row["default_ms"] / row["compile_ms"]
+        assert row["default_over_dense"] == row["default_ms"] / row["default_dense_ms"]
+    assert combined["default_over_compile"]["limit"] == 1.10 and combined["default_over_dense"]["limit"] == 1.05
+    assert "default/compile" in (tmp_path / "modes.md").read_text() and (tmp_path / "modes.png").exists()
+
+
+def test_ttft_gpu_reads_the_fallback_of_a_warmed_up_pipeline(tmp_path):
+    # Warmed up, the cost model decides each prompt from timings (a tiny CPU draft as large as its
+    # target, plus the look-ahead, usually loses): whichever way it went, the cell says it.
+    result = _grid(
+        tmp_path, "warm", "--mode", "default", "--warmup", "always", "--look-aheads", "8", "--keep-rates", "0.1"
+    )
+    assert result["warmup"]["llama"]["la8"]["cost_model"] is True
+    (cell,) = [c for row in result["rows"] for c in row.get("cells", [])]
+    if cell["fallback"] is None:
+        assert 0 < cell["kept_by_pipeline"] < 256, cell
+    else:
+        assert cell["fallback"].startswith("slower_than_dense: ") and cell["kept_by_pipeline"] == 256, cell
+        assert "| slower_than_dense |" in (tmp_path / "warm.md").read_text()
+
+
+def test_ttft_gpu_stops_at_its_budget_and_keeps_what_it_has(tmp_path):
+    result = _grid(tmp_path, "budget", "--budget-s", "0")
+    assert result["rows"] == [{"pair": "llama", "skipped": "out of time"}]
+    assert "Not run (time limit): llama" in (tmp_path / "budget.md").read_text()
 
 
 def test_profile_gpu_check_mode_breaks_scoring_into_phases(tmp_path):
