@@ -179,10 +179,11 @@ def speed_cells(ttft: dict[str, Any]) -> dict[tuple[int, float, int, int | None]
     """(length, keep, look-ahead, draft layers) -> measured TTFT speedup against dense, from a grid result."""
     out: dict[tuple[int, float, int, int | None], float] = {}
     for row in ttft.get("rows", []):
-        if row.get("speedup") is None:
-            continue
-        key = (int(row["n"]), float(row["keep_rate"]), int(row["look_ahead"]), row.get("layers"))
-        out[key] = float(row["speedup"])
+        for cell in row.get("cells", []):
+            if cell.get("speedup") is None:
+                continue
+            key = (int(row["n"]), float(cell["keep_rate"]), int(cell["look_ahead"]), cell.get("layers"))
+            out[key] = float(cell["speedup"])
     return out
 
 
