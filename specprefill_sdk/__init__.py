@@ -62,7 +62,7 @@ __getattr__, __dir__, __all__ = lazy_exports(
             "HeadTailScorer",
             "SelfInformationScorer",
         ),
-        "selection": ("KeepRate", "TokenBudget", "Chunked", "Adaptive", "Protect", "DenseBelow"),
+        "selection": ("KeepRate", "TokenBudget", "Chunked", "StructuredChunks", "Adaptive", "Protect", "DenseBelow"),
         "backends": ("TransformersBackend", "OpenAIBackend", "VLLMBackend"),
         "runtime": ("ExecutionSettings",),  # how the scorer's and the backend's passes run
         "policies": ("Policy", "load_policy", "list_policies", "load_pipeline"),
@@ -98,7 +98,7 @@ if TYPE_CHECKING:
         SelfInformationScorer,
         UniformScorer,
     )
-    from .selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+    from .selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, StructuredChunks, TokenBudget
     from .types import (
         Completion,
         CompletionChunk,

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from .errors import InvalidRequestError, PolicyError
 from .interfaces import LocalBackend
 from .types import Aggregation
-from .validation import check_known
+from .validation import TEXT_CHUNK_MAX_SIZE, TEXT_CHUNK_MIN_SIZE, check_chunk_bounds, check_known
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from .runtime.settings import ExecutionSettings
 
 __all__ = [
+    "CHUNKINGS",
     "DEFAULT_DENSE_BELOW_TOKENS",
     "MODEL_SCORERS",
     "OVERRIDE_KEYS",
@@ -85,6 +86,7 @@ DEFAULT_DENSE_BELOW_TOKENS = 256
 
 ScorerKind = Literal["draft-attention", "self-information", "uniform", "random", "recency", "head-tail"]
 SelectorKind = Literal["keep-rate", "token-budget", "adaptive"]
+Chunking = Literal["fixed", "text"]
 
 #: Scorer kinds and the classes of `specprefill_sdk.scoring` that implement them (see `scorer_class`).
 SCORERS: dict[str, str] = {
@@ -97,9 +99,13 @@ SCORERS: dict[str, str] = {
 }
 #: Selector kinds and the classes of `specprefill_sdk.selection` that implement them (see `selector_class`).
 SELECTORS: dict[str, str] = {"keep-rate": "KeepRate", "token-budget": "TokenBudget", "adaptive": "Adaptive"}
+#: ``[selector] chunking`` values and the chunk selectors of `specprefill_sdk.selection` they build:
+#: fixed windows of ``chunk_size``, or chunks cut at the text's sentence, line, paragraph and message breaks.
+CHUNKINGS: dict[str, str] = {"fixed": "Chunked", "text": "StructuredChunks"}
 #: The scorer kinds that run a draft model (the others load nothing).
 MODEL_SCORERS = frozenset({"draft-attention", "self-information"})
 assert set(SCORERS) == set(get_args(ScorerKind)) and set(SELECTORS) == set(get_args(SelectorKind))
+assert set(CHUNKINGS) == set(get_args(Chunking))
 
 
 def scorer_class(kind: str) -> type[Any]:
@@ -170,8 +176,16 @@ class SelectorSettings(_Section):
     keep_rate: float = Field(default=0.1, gt=0, le=1)
     #: Tokens kept (``token-budget``).
     token_budget: int | None = Field(default=None, ge=1)
-    #: Select whole chunks of this many tokens; 1 selects single tokens.
+    #: Select whole chunks of this many tokens; 1 selects single tokens. With ``chunking = "text"``:
+    #: the fixed window of prompts without text offsets (token ids only).
     chunk_size: int = Field(default=32, ge=1)
+    #: ``fixed``: windows of ``chunk_size`` (`Chunked`); ``text``: chunks cut where the text breaks
+    #: (sentences, lines, paragraphs, messages; `StructuredChunks`).
+    chunking: Chunking = "fixed"
+    #: ``text`` chunking: the shortest chunk (None: 8) ...
+    min_chunk_size: int | None = Field(default=None, ge=1)
+    #: ... and the longest (None: 64); at least ``2 * min_chunk_size - 1``.
+    max_chunk_size: int | None = Field(default=None, ge=1)
     #: Prompts shorter than this are prefilled whole, without the draft (0: never).
     dense_below_tokens: int = Field(default=DEFAULT_DENSE_BELOW_TOKENS, ge=0)
     #: ``adaptive``: keep the fewest tokens holding this share of the score mass ...
@@ -189,7 +203,28 @@ class SelectorSettings(_Section):
             raise ValueError("kind 'token-budget' needs token_budget")
         if self.min_rate > self.max_rate:
             raise ValueError(f"min_rate ({self.min_rate:g}) must not exceed max_rate ({self.max_rate:g})")
+        if self.chunking == "fixed":
+            for key in ("min_chunk_size", "max_chunk_size"):
+                if getattr(self, key) is not None:
+                    raise ValueError(f"{key} needs chunking = 'text'; fixed chunks have one size, chunk_size")
+        else:
+            if self.chunk_size == 1:
+                raise ValueError(
+                    "chunk_size 1 (single tokens) contradicts chunking = 'text'; there chunk_size is the fixed "
+                    "window of prompts without text offsets, 2 or more"
+                )
+            low, high = self.text_chunk_bounds()
+            try:
+                check_chunk_bounds(low, high, names=("min_chunk_size", "max_chunk_size"))
+            except InvalidRequestError as exc:
+                raise ValueError(exc.message) from None
         return self
+
+    def text_chunk_bounds(self) -> tuple[int, int]:
+        """``(min_chunk_size, max_chunk_size)`` with the defaults of `StructuredChunks` filled in."""
+        low = TEXT_CHUNK_MIN_SIZE if self.min_chunk_size is None else self.min_chunk_size
+        high = TEXT_CHUNK_MAX_SIZE if self.max_chunk_size is None else self.max_chunk_size
+        return low, high
 
 
 class ProtectSettings(_Section):
@@ -311,7 +346,7 @@ class Policy(BaseModel):
 
     def build_selector(self) -> Selector:
         """The selector these settings describe, e.g. ``Protect(Chunked(KeepRate(0.1), 32))``."""
-        from .selection import Chunked, DenseBelow, Protect
+        from .selection import DenseBelow, Protect
         from .selection.base import BudgetSelector
 
         s, p = self.selector, self.protect
@@ -326,7 +361,13 @@ class Policy(BaseModel):
             base = cls(
                 s.coverage, s.min_rate, s.max_rate, dense_below_tokens=s.dense_below_tokens, min_tokens=s.min_tokens
             )
-        selector: Selector = Chunked(base, s.chunk_size) if s.chunk_size > 1 else base
+        chunks = _registered(CHUNKINGS, s.chunking, "specprefill_sdk.selection", "chunking")
+        selector: Selector
+        if s.chunking == "text":
+            low, high = s.text_chunk_bounds()
+            selector = chunks(base, low, high, fallback_size=s.chunk_size)
+        else:
+            selector = chunks(base, s.chunk_size) if s.chunk_size > 1 else base
         if p.sink or p.tail is not False or p.roles or p.last_user_turn or p.special_tokens:
             selector = Protect(
                 selector,
@@ -380,7 +421,12 @@ class Policy(BaseModel):
         else:
             floor = f", at least {s.min_tokens} tokens" if s.min_tokens else ""
             keep = f"adaptive {s.min_rate:g}-{s.max_rate:g} (coverage {s.coverage:g}{floor})"
-        parts = [keep, f"chunk {s.chunk_size}" if s.chunk_size > 1 else "token-level"]
+        if s.chunking == "text":
+            low, high = s.text_chunk_bounds()
+            chunking = f"text chunks {low}-{high} (fixed {s.chunk_size} without text offsets)"
+        else:
+            chunking = f"chunk {s.chunk_size}" if s.chunk_size > 1 else "token-level"
+        parts = [keep, chunking]
         if s.dense_below_tokens:
             parts.append(f"dense below {s.dense_below_tokens} tokens")
         if self.scorer.kind == "draft-attention":
@@ -413,10 +459,13 @@ def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] =
         loc = [str(x) for x in err["loc"]]
         message = str(err["msg"]).removeprefix("Value error, ")
         lead = message.split(" ", 1)[0]
+        own_check = len(loc) == 1 and loc[0] in _SECTIONS  # a section's check across its fields
         if len(loc) >= 2 and loc[1] in flat:  # an override key: name it as the caller spelled it
             where, param = ".".join(loc[1:]), loc[1]
         elif len(loc) == 1 and lead in flat:  # a section's own check about one override key
             where, param = loc[0], lead
+        elif own_check and lead in _SECTIONS[loc[0]].model_fields:  # it names one field first
+            where, param = loc[0], f"{loc[0]}.{lead}"
         else:
             where = param = ".".join(loc) or "policy"
         first_param = first_param or param
@@ -427,7 +476,7 @@ def _policy_error(exc: ValidationError, source: str, *, flat: AbstractSet[str] =
             problems.append(f"unknown field '{where}'; valid fields{scope}: {', '.join(model.model_fields)}")
         elif err["type"] == "literal_error":
             problems.append(f"{where}: {err['msg']}, got {err['input']!r}")
-        elif message.startswith(("tail must", "kind ", "min_rate", "layers ")):
+        elif own_check or message.startswith("tail must"):  # its input is the section, or the message shows it
             problems.append(f"{where}: {message}" if loc else message)
         else:
             problems.append(f"{where}: {message}, got {err['input']!r}")

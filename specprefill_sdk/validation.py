@@ -17,7 +17,20 @@ from collections.abc import Iterable, Sequence
 
 from .errors import InvalidRequestError
 
-__all__ = ["check_float", "check_int", "check_known", "check_rate"]
+__all__ = [
+    "TEXT_CHUNK_MAX_SIZE",
+    "TEXT_CHUNK_MIN_SIZE",
+    "check_chunk_bounds",
+    "check_float",
+    "check_int",
+    "check_known",
+    "check_rate",
+]
+
+#: The default bounds of text chunks (`selection.StructuredChunks`, which says why these), kept
+#: here so that a policy checks its bounds without importing the selectors.
+TEXT_CHUNK_MIN_SIZE = 8
+TEXT_CHUNK_MAX_SIZE = 64
 
 
 def check_rate(value: object, what: str, *, param: str, allow_zero: bool = False) -> float:
@@ -35,6 +48,26 @@ def check_int(value: object, what: str, *, param: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InvalidRequestError(f"{what} must be an integer >= {minimum}, got {value!r}", param=param)
     return value
+
+
+def check_chunk_bounds(
+    min_size: object, max_size: object, *, names: tuple[str, str] = ("min_size", "max_size")
+) -> tuple[int, int]:
+    """Validate the bounds of variable chunks: integers >= 1 with ``max_size >= 2 * min_size - 1``.
+
+    The relation lets a segment longer than ``max_size`` always split into pieces of at least
+    ``min_size`` (its halves are), so every chunk of a prompt of ``min_size`` tokens or more lies
+    within the bounds. ``names`` are the two settings as the caller spells them (also the ``param``).
+    """
+    low = check_int(min_size, names[0], param=names[0], minimum=1)
+    high = check_int(max_size, names[1], param=names[1], minimum=1)
+    if high < 2 * low - 1:
+        raise InvalidRequestError(
+            f"{names[1]} ({high}) must be at least 2 * {names[0]} - 1 ({2 * low - 1}), so that a longer "
+            f"segment splits into pieces of at least {names[0]}",
+            param=names[1],
+        )
+    return low, high
 
 
 def check_float(value: object, what: str, *, param: str, minimum: float = 0.0, inclusive: bool = True) -> float:

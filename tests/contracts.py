@@ -27,7 +27,7 @@ from specprefill_sdk.scoring import (
     SelfInformationScorer,
     UniformScorer,
 )
-from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, StructuredChunks, TokenBudget
 
 Fixture = Callable[[str], Any]
 
@@ -110,6 +110,23 @@ SELECTORS: list[Entry] = [
     ),
     Entry("chunked-token-budget", Chunked, lambda f: Chunked(TokenBudget(24), 8)),
     Entry("chunked-one-chunk", Chunked, lambda f: Chunked(KeepRate(0.5), 4096)),
+    Entry(
+        "structured-chunks",
+        StructuredChunks,
+        lambda f: StructuredChunks(KeepRate(0.3), 4, 16),
+        invalid=(
+            lambda: StructuredChunks(KeepRate(0.3), 0),
+            lambda: StructuredChunks(KeepRate(0.3), 8, 10),
+            lambda: StructuredChunks(KeepRate(0.3), fallback_size=0),
+            lambda: StructuredChunks(Protect(KeepRate(0.3))),  # type: ignore[arg-type]
+        ),
+    ),
+    Entry("structured-chunks-token-budget", StructuredChunks, lambda f: StructuredChunks(TokenBudget(24))),
+    Entry(
+        "protect-structured-chunks",
+        Protect,
+        lambda f: Protect(StructuredChunks(KeepRate(0.2)), roles=("system",), special_tokens=True),
+    ),
     Entry(
         "adaptive",
         Adaptive,

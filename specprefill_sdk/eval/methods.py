@@ -40,6 +40,8 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "draft-token": "draft attention, look-ahead 8, no pooling, token-level top-k",
     "draft-pooled": "draft attention, look-ahead 8, pool 13, token-level top-k",
     "draft-chunked": "draft attention, look-ahead 8, pool 13, chunks of 32 (the paper's setting)",
+    "draft-structured": "draft attention, look-ahead 8, pool 13, chunks of 8 to 64 tokens cut at sentence, line, "
+    "paragraph and message breaks",
     "draft-chunked-la1": "draft attention, look-ahead 1, pool 13, chunks of 32",
     "draft-adaptive": "draft attention, look-ahead 8, pool 13, chunks of 32, Adaptive(coverage 0.9) "
     "up to the keep rate",
@@ -137,7 +139,7 @@ def build_methods(
         RecencyScorer,
         SelfInformationScorer,
     )
-    from ..selection import Adaptive, Chunked, KeepRate
+    from ..selection import Adaptive, Chunked, KeepRate, StructuredChunks
 
     unknown = [n for n in names if not is_method(n)]
     if unknown:
@@ -159,6 +161,9 @@ def build_methods(
 
     def chunked(rate: float) -> Selector:
         return _protect(Chunked(KeepRate(rate), CHUNK))
+
+    def structured(rate: float) -> Selector:
+        return _protect(StructuredChunks(KeepRate(rate)))
 
     def adaptive(rate: float) -> Selector:
         return _protect(
@@ -189,6 +194,9 @@ def build_methods(
         elif name == "draft-chunked":
             assert base is not None
             out.append(Method(name, desc, "draft-la8-pool13", base, chunked, True))
+        elif name == "draft-structured":
+            assert base is not None
+            out.append(Method(name, desc, "draft-la8-pool13", base, structured, True))
         elif name == "draft-chunked-la1":
             assert base is not None
             out.append(Method(name, desc, "draft-la1-pool13", base.with_options(look_ahead=1), chunked, True))

@@ -1,8 +1,9 @@
 """Selectors: which prompt tokens the target prefills, given one score per token.
 
 Small composable dataclasses, one per file. Budget selectors set how many tokens to keep
-(`KeepRate`, `TokenBudget`, `Adaptive`); wrappers change how they are chosen (`Chunked`), what is
-always kept (`Protect`) or when nothing is dropped (`DenseBelow`).
+(`KeepRate`, `TokenBudget`, `Adaptive`); wrappers change how they are chosen (`Chunked`: fixed
+windows, `StructuredChunks`: chunks cut where the text breaks), what is always kept (`Protect`) or
+when nothing is dropped (`DenseBelow`).
 
 Example::
 
@@ -21,6 +22,7 @@ from .chunked import Chunked
 from .dense_below import DenseBelow
 from .keep_rate import KeepRate
 from .protect import TEXT_TAIL_TOKENS, Protect
+from .structured import StructuredChunks
 from .token_budget import TokenBudget
 
 __all__ = [
@@ -33,5 +35,6 @@ __all__ = [
     "FillSelector",
     "KeepRate",
     "Protect",
+    "StructuredChunks",
     "TokenBudget",
 ]

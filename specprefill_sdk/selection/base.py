@@ -3,7 +3,8 @@
 A *budget selector* (`KeepRate`, `TokenBudget`, `Adaptive`) says how many tokens a prompt may keep;
 the fill step keeps the already-forced tokens (protected ones) and tops them up with the best-scored
 others until the budget is reached. Protected tokens therefore count toward the budget. Wrappers
-(`Chunked`, `Protect`) reuse the same budget and change how the rest is filled or what is forced.
+(`Chunked`, `StructuredChunks`, `Protect`) reuse the same budget and change how the rest is filled or
+what is forced; the two chunk selectors share the chunk fill step, `fill_chunks`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ import torch
 from ..errors import InvalidRequestError
 from ..types import Prompt, Selection, TokenScores
 
-__all__ = ["Budget", "BudgetSelector", "FillSelector", "bool_tensor", "ceil_count", "score_values"]
+__all__ = [
+    "Budget",
+    "BudgetSelector",
+    "FillSelector",
+    "bool_tensor",
+    "ceil_count",
+    "fill_chunks",
+    "score_values",
+]
 
 # Rates times lengths are computed in floating point: 0.1 * 30 is 3.0000000000000004, whose ceiling
 # would keep one token (or chunk) too many. A tolerance far below one token avoids that.
@@ -119,6 +128,37 @@ def fill_tokens(values: torch.Tensor, forced: torch.Tensor, count: int) -> torch
     free = order[~forced[order]]
     keep[free[:rest]] = True
     return keep
+
+
+def fill_chunks(
+    means: torch.Tensor,
+    chunk_of: torch.Tensor,
+    lengths: torch.Tensor,
+    charge: torch.Tensor,
+    forced: torch.Tensor,
+    limit: int,
+) -> tuple[torch.Tensor, int]:
+    """Keep ``forced`` and add whole chunks, best ``means`` first, while less than ``limit`` is spent.
+
+    ``chunk_of[t]`` is the chunk of token ``t``, ``lengths`` the tokens of each chunk. The forced
+    tokens are spent first, one each; a chosen chunk then costs ``charge`` minus its forced tokens
+    (they are counted already). A chunk is added while the amount spent before it is below ``limit``,
+    so the last one may overshoot it by less than its cost. Chunks that protection keeps whole add
+    nothing and are skipped. Ties go to the earlier chunk.
+
+    Returns:
+        The kept mask and the number of chunks chosen.
+    """
+    chunks = int(lengths.shape[0])
+    forced_per_chunk = torch.zeros(chunks, dtype=torch.long).index_add_(0, chunk_of, forced.to(torch.long))
+    order = torch.sort(means, descending=True, stable=True).indices
+    useful = order[forced_per_chunk[order] != lengths[order]]
+    costs = charge[useful] - forced_per_chunk[useful]
+    before = torch.cumsum(costs, dim=0) - costs  # spent on the chunks before each candidate
+    chosen_chunks = useful[int(forced.sum()) + before < limit]
+    picked = torch.zeros(chunks, dtype=torch.bool)
+    picked[chosen_chunks] = True
+    return forced | picked[chunk_of], int(chosen_chunks.numel())
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ from .base import (
     BudgetSelector,
     ceil_count,
     dense_selection,
+    fill_chunks,
     prompt_protected,
     score_values,
     selection_from_mask,
@@ -125,24 +126,16 @@ class Chunked:
                 requested_rate=budget.rate,
                 chunk_size=self.size,
             )
-        order = torch.sort(chunk_means(values, self.size), descending=True, stable=True).indices
-        padded_forced = torch.zeros(chunks * self.size, dtype=torch.bool)
-        padded_forced[:n] = forced
-        forced_per_chunk = padded_forced.view(chunks, self.size).sum(dim=1)
         lengths = torch.full((chunks,), self.size, dtype=torch.long)
         lengths[-1] = n - (chunks - 1) * self.size
-        # Chunks already kept whole by protection add nothing; each other chosen chunk costs `size`
-        # (its forced tokens are already counted), a forced token elsewhere costs one.
-        useful = order[forced_per_chunk[order] != lengths[order]]
-        limit = keep_chunks * self.size
-        used = int(forced.sum())
-        costs = self.size - forced_per_chunk[useful]
-        before = torch.cumsum(costs, dim=0) - costs  # spent before each candidate chunk is considered
-        chosen_chunks = useful[used + before < limit]
-        chosen = int(chosen_chunks.numel())
-        chunk_of = torch.arange(chunks * self.size) // self.size
-        picked = torch.zeros(chunks, dtype=torch.bool)
-        picked[chosen_chunks] = True
-        keep = forced | picked[chunk_of[:n]]
+        # Every chunk costs `size`, the shorter last one too: it counts as one chunk of the budget.
+        keep, chosen = fill_chunks(
+            chunk_means(values, self.size),
+            torch.arange(n) // self.size,
+            lengths,
+            torch.full((chunks,), self.size, dtype=torch.long),
+            forced,
+            keep_chunks * self.size,
+        )
         reason = f"chunked {self.size} over {budget.reason}: {chosen}/{chunks} chunks"
         return selection_from_mask(keep, forced, requested_rate=budget.rate, reason=reason, chunk_size=self.size)

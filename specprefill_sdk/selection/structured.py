@@ -1,0 +1,333 @@
+"""`StructuredChunks`: whole chunks that follow the text (sentences, lines, paragraphs, messages).
+
+`Chunked` cuts the prompt every 32 tokens, wherever that falls: a fact that straddles a cut is kept
+half or not at all. This selector cuts where the text itself does, so a kept chunk is a whole
+sentence, line or paragraph, and keeps whole chunks exactly as `Chunked` does (same budget, the
+same fill step, `base.fill_chunks`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from enum import IntEnum
+from itertools import chain, pairwise
+
+import numpy as np
+import torch
+
+from ..errors import InvalidRequestError
+from ..types import Prompt, Selection, TokenScores
+from ..validation import TEXT_CHUNK_MAX_SIZE, TEXT_CHUNK_MIN_SIZE, check_chunk_bounds, check_int
+from .base import (
+    Budget,
+    BudgetSelector,
+    dense_selection,
+    fill_chunks,
+    prompt_protected,
+    score_values,
+    selection_from_mask,
+)
+from .chunked import Chunked
+
+__all__ = ["Boundary", "StructuredChunks", "boundaries", "has_text_offsets", "text_chunks"]
+
+
+class Boundary(IntEnum):
+    """How strongly the text breaks after a token; a split prefers the strongest break."""
+
+    NONE = 0
+    #: ``.``, ``!`` or ``?`` (closing quotes and brackets after it allowed), then whitespace.
+    SENTENCE = 1
+    #: Whitespace holding one newline.
+    LINE = 2
+    #: Whitespace holding two newlines or more (a blank line).
+    PARAGRAPH = 3
+    #: The next token belongs to another message, or has another role (chat-template glue against
+    #: message content, a plain-text prompt's BOS against the text).
+    MESSAGE = 4
+
+
+# A sentence end: the punctuation, closing quotes or brackets, then the whitespace after it (group 1).
+_SENTENCE = re.compile(r"[.!?][\"'\u201d\u2019)\]}\u00bb]*(\s+)")
+# A whitespace run holding a newline, matched whole: the first match in a run starts at its start.
+_NEWLINES = re.compile(r"\s*\n\s*")
+
+
+def _spans(prompt: Prompt) -> np.ndarray:
+    """``prompt.offsets`` as an ``(n, 2)`` int64 array (read flat: faster than from the nested tuples)."""
+    flat = np.fromiter(chain.from_iterable(prompt.offsets), dtype=np.int64, count=2 * prompt.n)
+    return flat.reshape(prompt.n, 2)
+
+
+def has_text_offsets(prompt: Prompt) -> bool:
+    """Whether ``prompt`` knows the characters of its tokens (False for `Prompt.from_token_ids`)."""
+    if not prompt.text or prompt.n == 0:
+        return False
+    spans = _spans(prompt)
+    return bool((spans[:, 1] > spans[:, 0]).any())
+
+
+def _strengths(prompt: Prompt) -> np.ndarray:
+    """`boundaries` as an int8 array of length ``max(n - 1, 0)``."""
+    n = prompt.n
+    out = np.zeros(max(n - 1, 0), dtype=np.int8)
+    if n < 2:
+        return out
+    text = prompt.text
+    runs = [(m.start(1), m.end(1), Boundary.SENTENCE) for m in _SENTENCE.finditer(text)]
+    runs += [
+        (m.start(), m.end(), Boundary.PARAGRAPH if m.group().count("\n") > 1 else Boundary.LINE)
+        for m in _NEWLINES.finditer(text)
+    ]
+    if runs:
+        table = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        spans = _spans(prompt)
+        # The cut goes before the first token that reaches past the whitespace (so whitespace-only
+        # tokens stay with the text before them), unless that token starts before the whitespace:
+        # one token holding the punctuation and the next word is not cut.
+        ends = np.maximum.accumulate(spans[:, 1])
+        after = np.searchsorted(ends, table[:, 1], side="right")
+        ok = (after >= 1) & (after < n)
+        ok[ok] &= spans[after[ok], 0] >= table[ok, 0]
+        np.maximum.at(out, after[ok] - 1, table[ok, 2].astype(np.int8))
+    message = np.fromiter(prompt.message_index, dtype=np.int64, count=n)
+    roles = np.asarray(prompt.roles)
+    changed = (message[1:] != message[:-1]) | (roles[1:] != roles[:-1])
+    out[changed] = Boundary.MESSAGE
+    return out
+
+
+def boundaries(prompt: Prompt) -> tuple[Boundary, ...]:
+    """The break after each token of ``prompt`` but the last (``n - 1`` entries; `Boundary.NONE` where
+    the text runs on), read from ``prompt.text`` through the token offsets and from the tokens'
+    messages and roles.
+
+    A break after token ``t`` is a cut between ``t`` and ``t + 1``. Text breaks are whitespace runs
+    after a sentence end or holding newlines; the cut goes before the first token that reaches past
+    the run, so ``"fact." + "\\n" + "\\n" + "The"`` is cut before ``"The"`` and ``"fact" + "."
+    + " The"`` before ``" The"``. ``3.5``, a full stop without whitespace after it, is no break.
+    """
+    return tuple(Boundary(int(s)) for s in _strengths(prompt))
+
+
+def _best_cut(strengths: np.ndarray, start: int, end: int, min_size: int) -> int | None:
+    """The position (a token index) where ``[start, end)`` is best cut into two pieces of at least
+    ``min_size``: the strongest break, then the one nearest the middle, then the earliest; None
+    when no break leaves both pieces long enough."""
+    low, high = start + min_size, end - min_size  # candidate cut positions, inclusive
+    if low > high:
+        return None
+    window = strengths[low - 1 : high].astype(np.int64)  # the break after token p - 1 cuts at p
+    if not window.any():
+        return None
+    positions = np.arange(low, high + 1)
+    off_middle = np.abs(2 * positions - (start + end))
+    # Strongest first, then nearest the middle; argmax takes the earliest of equal keys.
+    key = window * (2 * (end - start) + 1) - off_middle
+    key[window == 0] = np.iinfo(np.int64).min
+    return int(positions[int(np.argmax(key))])
+
+
+def _split(strengths: np.ndarray, start: int, end: int, min_size: int, max_size: int, out: list[int]) -> None:
+    """Append the piece lengths of ``[start, end)``, each at most ``max_size``."""
+    length = end - start
+    if length <= max_size:
+        out.append(length)
+        return
+    cut = _best_cut(strengths, start, end, min_size)
+    if cut is None:  # no usable break inside: even pieces, the longer ones first
+        pieces = math.ceil(length / max_size)
+        base, extra = divmod(length, pieces)
+        out.extend(base + 1 if i < extra else base for i in range(pieces))
+        return
+    _split(strengths, start, cut, min_size, max_size, out)
+    _split(strengths, cut, end, min_size, max_size, out)
+
+
+def text_chunks(prompt: Prompt, min_size: int, max_size: int) -> list[int]:
+    """The chunk lengths (in prompt order, summing to ``n``) that `StructuredChunks` uses on ``prompt``.
+
+    1. Cut at every message and paragraph break (`Boundary.PARAGRAPH` and stronger): the text's
+       own sections.
+    2. Merge: a segment shorter than ``min_size`` is joined with the next until the joined one
+       reaches ``min_size``; a short rest at the end joins the chunk before it.
+    3. Split: a segment longer than ``max_size`` is cut at its best inner break of any kind (the
+       strongest `Boundary`, then the one nearest the middle, then the earliest) that leaves both
+       pieces at least ``min_size`` long, again until every piece fits; without such a break it is
+       cut into even pieces.
+
+    So a section that fits in ``max_size`` stays whole, and a longer one is cut at lines, then
+    sentences, into balanced pieces.
+
+    Every chunk has ``min_size`` to ``max_size`` tokens, except the one chunk of a prompt shorter than
+    ``min_size`` (`check_chunk_bounds` guarantees the split pieces are long enough).
+    """
+    n = prompt.n
+    if n == 0:
+        return []
+    strengths = _strengths(prompt)
+    ends = [*(np.flatnonzero(strengths >= Boundary.PARAGRAPH) + 1).tolist(), n]
+    merged: list[int] = []
+    start = 0
+    for end in ends:
+        if end - start >= min_size:
+            merged.append(end)
+            start = end
+    if start < n:
+        if merged:
+            merged[-1] = n
+        else:
+            merged.append(n)
+    lengths: list[int] = []
+    start = 0
+    for end in merged:
+        _split(strengths, start, end, min_size, max_size, lengths)
+        start = end
+    return lengths
+
+
+def _segment_means(values: torch.Tensor, chunk_of: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """The mean score of each chunk (float64); a chunk holding a -inf score (a NaN from the scorer)
+    ranks last, not as NaN."""
+    sums = torch.zeros(int(lengths.shape[0]), dtype=torch.float64).index_add_(0, chunk_of, values.to(torch.float64))
+    return torch.nan_to_num(sums / lengths.to(torch.float64), nan=-math.inf)
+
+
+@dataclass(frozen=True)
+class StructuredChunks:
+    """Keep whole chunks that follow the text: sentences, lines, paragraphs and messages.
+
+    The prompt is cut where the text breaks (`boundaries`: where the message or the role changes and
+    at blank lines; a section longer than ``max_size`` also at lines, then sentence ends), short
+    segments are merged (`text_chunks`), so chunks have ``min_size`` to ``max_size`` tokens. A chunk's score is the mean
+    of its tokens' scores; the best chunks are kept, in prompt order.
+
+    The budget comes from ``inner`` (`KeepRate`, `TokenBudget`, `Adaptive`) as a token count, and is
+    rounded up to whole chunks as `Chunked` rounds it: chunks are added best first while fewer than
+    that many tokens are kept, so the total exceeds the budget by less than one chunk (chunks of
+    different lengths make a chunk count meaningless, so ``KeepRate``'s ``ceil(chunks * rate)`` is
+    not used). Protected tokens (`Protect`, ``prompt.protected``) count toward the budget as with
+    `Chunked`: one token each outside the chosen chunks, and a chunk kept whole by protection is not
+    chosen again. A prompt that is one chunk, or that the budget covers, is prefilled whole.
+
+    A prompt without text offsets (`Prompt.from_token_ids`: token ids only) has no text to follow:
+    it is selected as ``Chunked(inner, fallback_size)`` does, and the selection's ``reason`` starts
+    with ``no text offsets, fixed chunks of <fallback_size>:``.
+
+    The defaults: ``max_size=64``, twice the paper's 32-token window, holds most sentences whole (a
+    longer section splits into pieces of about half to all of it) while
+    chunks stay small enough for the budget to spread over many places of the prompt (and the budget
+    is overshot by less than one chunk); ``min_size=8``, a quarter of it, keeps headers, list
+    bullets, short lines and chat-template glue from standing alone, where one outstanding token
+    would pick a fragment as if selection were token-level; ``fallback_size=32`` is the paper's window.
+
+    Example::
+
+        Protect(StructuredChunks(KeepRate(0.1)), sink=1, tail=True)
+        StructuredChunks(TokenBudget(512), min_size=16, max_size=128)
+
+    Raises:
+        InvalidRequestError: ``inner`` is not a budget selector; ``min_size``, ``max_size`` or
+            ``fallback_size`` is not an integer >= 1; ``max_size < 2 * min_size - 1``.
+    """
+
+    inner: BudgetSelector
+    min_size: int = TEXT_CHUNK_MIN_SIZE
+    max_size: int = TEXT_CHUNK_MAX_SIZE
+    fallback_size: int = 32
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, BudgetSelector):
+            raise InvalidRequestError(
+                "StructuredChunks wraps a budget selector (KeepRate, TokenBudget or Adaptive), got "
+                f"{getattr(self.inner, 'name', type(self.inner).__name__)}; to protect tokens write "
+                "Protect(StructuredChunks(...)), not StructuredChunks(Protect(...))",
+                param="selector",
+            )
+        check_chunk_bounds(self.min_size, self.max_size)
+        check_int(self.fallback_size, "fallback_size", param="fallback_size", minimum=1)
+
+    @property
+    def name(self) -> str:
+        fallback = f", fallback_size={self.fallback_size}" if self.fallback_size != 32 else ""
+        return f"StructuredChunks({self.inner.name}, {self.min_size}, {self.max_size}{fallback})"
+
+    @property
+    def _fixed(self) -> Chunked:
+        return Chunked(self.inner, self.fallback_size)
+
+    def _fallback_note(self, selection: Selection) -> Selection:
+        return replace(selection, reason=f"no text offsets, fixed chunks of {self.fallback_size}: {selection.reason}")
+
+    def chunks(self, prompt: Prompt) -> tuple[tuple[int, int], ...]:
+        """The ``(start, end)`` token spans this selector chooses among on ``prompt`` (fixed windows of
+        ``fallback_size`` for a prompt without text offsets)."""
+        if has_text_offsets(prompt):
+            lengths = text_chunks(prompt, self.min_size, self.max_size)
+        else:
+            size = self.fallback_size
+            lengths = [min(size, prompt.n - s) for s in range(0, prompt.n, size)]
+        bounds = np.cumsum([0, *lengths]).tolist()
+        return tuple(pairwise(bounds))
+
+    def _reason(self, budget: Budget, what: str) -> str:
+        return f"text chunks {self.min_size}-{self.max_size} over {budget.reason}: {what}"
+
+    def _whole(self, prompt: Prompt, budget: Budget, forced: torch.Tensor) -> Selection | None:
+        """The dense selection when the budget covers the prompt, or the prompt is one chunk."""
+        if budget.count >= prompt.n:
+            return dense_selection(forced, self._reason(budget, "the whole prompt"), requested_rate=budget.rate)
+        # A prompt longer than max_size has two chunks at least: no need to cut it here.
+        if prompt.n <= self.max_size and len(text_chunks(prompt, self.min_size, self.max_size)) <= 1:
+            return dense_selection(forced, self._reason(budget, "one chunk"), requested_rate=budget.rate)
+        return None
+
+    def decide_without_scores(self, prompt: Prompt) -> Selection | None:
+        """Dense when the inner budget covers the prompt or the prompt is a single chunk."""
+        if not has_text_offsets(prompt):
+            decided = self._fixed.decide_without_scores(prompt)
+            return None if decided is None else self._fallback_note(decided)
+        forced = prompt_protected(prompt)
+        budget = self.inner.budget(prompt, None, forced)
+        return None if budget is None else self._whole(prompt, budget, forced)
+
+    def expected_kept(self, prompt: Prompt) -> int | None:
+        """At most the inner budget plus one chunk less one token (or the protected tokens, when more),
+        when the inner budget is known without scores."""
+        if not has_text_offsets(prompt):
+            return self._fixed.expected_kept(prompt)
+        estimate = self.inner.expected_kept(prompt)
+        if estimate is None:
+            return None
+        forced = prompt_protected(prompt)
+        budget = self.inner.budget(prompt, None, forced)
+        count = estimate if budget is None else budget.count
+        if count >= prompt.n:
+            return prompt.n
+        # The last chunk is added while fewer than `count` tokens are kept: it adds max_size at most.
+        return min(prompt.n, max(count - 1 + self.max_size, int(forced.sum())))
+
+    def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
+        """Keep the best text chunks within the inner selector's budget (plus ``prompt.protected``)."""
+        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+        """Keep ``forced`` and add the best text chunks until the inner budget is reached."""
+        if not has_text_offsets(prompt):
+            return self._fallback_note(self._fixed.fill(prompt, scores, forced))
+        values = score_values(prompt, scores)
+        forced = forced.to(torch.bool) | prompt_protected(prompt)
+        budget = self.inner.budget(prompt, values, forced)
+        if budget is None:  # pragma: no cover - every budget is defined once scores are given
+            raise RuntimeError(f"{self.inner.name} gave no budget although scores were given")
+        whole = self._whole(prompt, budget, forced)
+        if whole is not None:
+            return whole
+        lengths = torch.tensor(text_chunks(prompt, self.min_size, self.max_size), dtype=torch.long)
+        chunk_of = torch.repeat_interleave(torch.arange(int(lengths.shape[0])), lengths)
+        means = _segment_means(values, chunk_of, lengths)
+        keep, chosen = fill_chunks(means, chunk_of, lengths, lengths, forced, budget.count)
+        reason = self._reason(budget, f"{chosen}/{int(lengths.shape[0])} chunks")
+        return selection_from_mask(keep, forced, requested_rate=budget.rate, reason=reason)
