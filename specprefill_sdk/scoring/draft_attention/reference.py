@@ -80,11 +80,11 @@ def reference_draft_attention_scores(
         rows = (rows / rows.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
         if aggregation == "content-mean":
             rows = content_rows(rows, content_columns(torch.zeros(1, dtype=torch.long, device=rows.device), n)[0])
-        heads, queries, _ = rows.shape
-        flat = rows.reshape(heads * queries, 1, n)
+        heads, count, _ = rows.shape
+        flat = rows.reshape(heads * count, 1, n)
         if pool_kernel > 1:
             flat = F.avg_pool1d(flat, pool_kernel, stride=1, padding=pool_kernel // 2, count_include_pad=False)
-        pooled_layers.append(flat[..., :n].reshape(heads, queries, n))
+        pooled_layers.append(flat[..., :n].reshape(heads, count, n))
     if aggregation == "last-layer":
         pooled_layers = pooled_layers[-1:]
     stacked = torch.stack(pooled_layers)  # [L, H, queries, n]
