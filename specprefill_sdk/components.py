@@ -138,7 +138,8 @@ class PipelineFields(BaseModel):
     layers: int | None = None
     """Draft attention: score with the first N layers only (needs ``look_ahead=1``)."""
     aggregation: Aggregation | None = None
-    """Draft attention: how attention rows are reduced over layers and heads (``max``, ``mean``, ``content-mean``)."""
+    """Draft attention: how attention rows are reduced over layers and heads (``max``, ``mean``,
+    ``content-mean``, ``last-layer``)."""
     sink: int | None = None
     """Always keep the first N tokens."""
     tail: bool | int | None = None

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import InvalidRequestError, PolicyError
 from .interfaces import LocalBackend
-from .types import Aggregation
+from .types import Aggregation, QueryReduction
 from .validation import TEXT_CHUNK_MAX_SIZE, TEXT_CHUNK_MIN_SIZE, check_chunk_bounds, check_known
 
 if sys.version_info >= (3, 11):
@@ -150,10 +150,14 @@ class ScorerSettings(_Section):
     #: Score with the draft's first N layers only, which are all that run (needs ``look_ahead = 1``);
     #: None: every layer. See ``DraftAttentionScorer(layers=...)``.
     layers: int | None = Field(default=None, ge=1, le=1024)
-    #: How attention rows are reduced over layers and heads: ``max`` (the paper's), ``mean`` or
-    #: ``content-mean`` (sink and local window left out; keeps shallow ``layers`` near full depth).
+    #: How attention rows are reduced over layers and heads: ``max`` (the paper's), ``mean``,
+    #: ``content-mean`` (sink and local window left out; keeps shallow ``layers`` near full depth)
+    #: or ``last-layer`` (only the deepest scored layer votes, the mean over its heads).
     #: See ``DraftAttentionScorer(aggregation=...)``.
     aggregation: Aggregation = "max"
+    #: How the queries' per-token scores are combined: ``mean`` (the paper's) or ``max`` (a token
+    #: one look-ahead query needs strongly is not averaged away). See ``DraftAttentionScorer(queries=...)``.
+    queries: QueryReduction = "mean"
     #: Seed of the ``random`` baseline.
     seed: int = 0
     #: Share of the kept tokens the ``head-tail`` baseline takes from the start, in [0, 1] (None: its default).
@@ -397,6 +401,7 @@ class Policy(BaseModel):
                 pool_kernel=s.pool_kernel,
                 layers=s.layers,
                 aggregation=s.aggregation,
+                queries=s.queries,
                 **kwargs,
             )
         elif s.kind == "self-information":
@@ -435,6 +440,8 @@ class Policy(BaseModel):
                 parts.append(f"first {self.scorer.layers} draft layers")
             if self.scorer.aggregation != "max":
                 parts.append(f"aggregation {self.scorer.aggregation}")
+            if self.scorer.queries != "mean":
+                parts.append(f"queries {self.scorer.queries}")
         else:
             parts.append(f"scorer {self.scorer.kind}")
         return ", ".join(parts)
@@ -638,7 +645,7 @@ def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Score
     """The scorer ``policy`` asks for, built around ``loaded`` (a process's draft scorer) without a second model.
 
     ``loaded`` itself when it already is that scorer (its ``name`` is the policy's kind); a variant
-    sharing its model when only the draft-attention knobs (look-ahead, pool, layers, aggregation) differ; for
+    sharing its model when only the draft-attention knobs (look-ahead, pool, layers, aggregation, queries) differ; for
     another model-based kind, a new scorer on ``loaded``'s draft model. Baselines load nothing and
     are built from the settings. A server builds one scorer at start and asks this for every
     request's policy.
@@ -670,6 +677,8 @@ def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Score
             changes["layers"] = settings.layers if settings.layers is not None else loaded.depth
         if settings.aggregation != loaded.aggregation:
             changes["aggregation"] = settings.aggregation
+        if settings.queries != loaded.queries:
+            changes["queries"] = settings.queries
         return cast("Scorer", loaded.with_options(**changes)) if changes else loaded
     draft: str | LoadedModel = backend.model_name
     if isinstance(loaded, DraftAttentionScorer | SelfInformationScorer):

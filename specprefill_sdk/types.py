@@ -28,6 +28,7 @@ __all__ = [
     "FinishReason",
     "Message",
     "Prompt",
+    "QueryReduction",
     "SamplingParams",
     "Selection",
     "Timings",
@@ -58,8 +59,14 @@ FinishReason = Literal["stop", "length"]
 #: How draft-attention scoring reduces its attention rows over layers and heads (`DraftAttentionScorer`):
 #: ``"max"`` the largest pooled attention any head of any layer pays a token; ``"mean"`` their mean;
 #: ``"content-mean"`` their mean after each row drops the attention sink (the first token) and the
-#: local window (the prompt's last `CONTENT_WINDOW` tokens) and is renormalised over what is left.
-Aggregation = Literal["max", "mean", "content-mean"]
+#: local window (the prompt's last `CONTENT_WINDOW` tokens) and is renormalised over what is left;
+#: ``"last-layer"`` the mean over the heads of the deepest scored layer only (one layer votes, as in
+#: GemFilter, instead of every layer up to it).
+Aggregation = Literal["max", "mean", "content-mean", "last-layer"]
+#: How draft-attention scoring combines its queries' per-token scores (`DraftAttentionScorer`):
+#: ``"mean"`` (the paper's) their mean; ``"max"`` the largest, so that a token one query needs
+#: strongly is not averaged away by the others.
+QueryReduction = Literal["mean", "max"]
 #: The local window, in prompt tokens, that ``"content-mean"`` leaves out of every attention row (at
 #: most half of a prompt's tokens after the first)
 CONTENT_WINDOW = 256

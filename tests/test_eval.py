@@ -180,6 +180,14 @@ def test_early_layer_methods_are_named_described_and_ordered():
     assert "first half" in str(method_description("draft-early"))
     order = method_order(["random", "draft-early-12", "other", "draft-early-3", "draft-chunked", "draft-early"])
     assert order == ["draft-chunked", "draft-early", "draft-early-3", "draft-early-12", "random", "other"]
+    for name in ("draft-early-4-mean", "draft-early-4-content-mean", "draft-early-4-last-layer", "target-early-4"):
+        assert is_method(name)
+    assert "layer aggregation last-layer" in str(method_description("target-early-4-last-layer"))
+    assert "target's first 4 layers" in str(method_description("target-early-4-last-layer"))
+    for bad in ("draft-early-4-max", "draft-early-4-median", "target-early", "target-early-0", "draft-chunked-qmean"):
+        assert not is_method(bad)
+    order = method_order(["target-early-2", "draft-early-4-last-layer", "draft-early-4", "draft-early-4-mean"])
+    assert order == ["draft-early-4", "draft-early-4-mean", "draft-early-4-last-layer", "target-early-2"]
     with pytest.raises(InvalidRequestError, match="keep rates"):
         EvalConfig(keep_rates=(0.0,)).validate()
     with pytest.raises(InvalidRequestError, match="lengths"):
@@ -409,6 +417,35 @@ def test_eval_is_deterministic_for_a_seed(smollm):
         run_eval(
             EvalConfig(tasks=cfg.tasks, lengths=cfg.lengths, samples=1, methods=("draft-early-31",)), target=smollm
         )
+
+
+@pytest.mark.slow
+def test_new_scoring_methods_build_and_run_on_smollm2(smollm):
+    from specprefill_sdk.eval import run_eval
+    from specprefill_sdk.eval.methods import build_methods
+
+    names = ("target-early-4-last-layer", "draft-early-4-mean", "draft-early-4", "draft-chunked-qmax")
+    built = {m.name: m for m in build_methods(names, draft=smollm, target=smollm)}
+    assert len({m.scorer_key for m in built.values()}) == 4  # each aggregation scores on its own
+    early, qmax = built["target-early-4-last-layer"].scorer, built["draft-chunked-qmax"].scorer
+    assert (early.layers, early.aggregation, early.look_ahead, early.pool_kernel) == (4, "last-layer", 1, 13)
+    assert (qmax.queries, qmax.look_ahead, qmax.pool_kernel) == ("max", 8, 13)
+    assert built["draft-early-4-mean"].scorer.aggregation == "mean"
+    assert built["draft-early-4"].scorer.aggregation == "max"
+    with pytest.raises(InvalidRequestError, match="need the target") as err:
+        build_methods(["target-early-4"], draft=smollm)
+    assert err.value.param == "target"
+    cfg = EvalConfig(
+        tasks=("niah_single",),
+        lengths=(256,),
+        samples=1,
+        keep_rates=(0.3,),
+        methods=names[:2] + names[3:],
+        generate=False,
+    )
+    result = run_eval(cfg, progress=False, target=smollm)
+    assert {r["method"] for r in result.records} >= set(cfg.methods)
+    assert all(0 <= r["recall"] <= 1 for r in result.records)
 
 
 @pytest.mark.slow

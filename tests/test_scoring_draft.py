@@ -261,3 +261,62 @@ def test_other_aggregations_match_the_eager_reference(fp32_scorer, smollm_fp32, 
         smollm_fp32, prompt.token_ids, look_ahead=1, layers=10, aggregation=aggregation
     )
     assert_matches(shallow.values, expected)
+
+
+@pytest.fixture(scope="module")
+def short_prompts(smollm_fp32):
+    tok = smollm_fp32.tokenizer
+    return [build_prompt(tok, haystack(300, start=3) + "\nWhat is this about?"), build_prompt(tok, haystack(180))]
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_the_max_over_the_queries_matches_the_eager_reference(smollm_fp32, short_prompts, lean):
+    """Batched (left-padded) and single scoring, through the lean passes and through the model's forward."""
+    from specprefill_sdk.runtime.settings import ExecutionSettings
+
+    scorer = DraftAttentionScorer(smollm_fp32, look_ahead=4, queries="max", execution=ExecutionSettings(lean=lean))
+    assert len({p.n for p in short_prompts}) == 2
+    for prompt, scores in zip(short_prompts, scorer.score_batch(short_prompts), strict=True):
+        expected, continuation = reference_draft_attention_scores(
+            smollm_fp32, prompt.token_ids, look_ahead=4, queries="max"
+        )
+        assert scores.info["queries"] == "max" and scores.info["look_ahead"] == 1 + len(continuation) == 4
+        assert_matches(scores.values, expected)
+        mean, _ = reference_draft_attention_scores(smollm_fp32, prompt.token_ids, look_ahead=4)
+        assert float((expected - mean).abs().max()) > 1e-3 * float(expected.max())  # the option changes the scores
+        assert bool((expected >= mean - 1e-7).all())  # a max is at least the mean
+    session = scorer.new_session()
+    assert_matches(session.score(short_prompts[0]).values, scorer.score(short_prompts[0]).values)
+
+
+@pytest.mark.parametrize("layers", [6, None])
+def test_the_last_layer_aggregation_matches_the_eager_reference(smollm_fp32, short_prompts, layers):
+    scorer = DraftAttentionScorer(smollm_fp32, look_ahead=1 if layers else 3, layers=layers, aggregation="last-layer")
+    depth = scorer.depth
+    assert scorer.last_layer == (layers or depth) - 1
+    for prompt, scores in zip(short_prompts, scorer.score_batch(short_prompts), strict=True):
+        expected, _ = reference_draft_attention_scores(
+            smollm_fp32, prompt.token_ids, look_ahead=scorer.look_ahead, layers=layers, aggregation="last-layer"
+        )
+        assert scores.info["aggregation"] == "last-layer"
+        assert_matches(scores.values, expected)
+        # one layer votes: not the mean over every layer up to it
+        mean, _ = reference_draft_attention_scores(
+            smollm_fp32, prompt.token_ids, look_ahead=scorer.look_ahead, layers=layers, aggregation="mean"
+        )
+        assert float((expected - mean).abs().max()) > 1e-3 * float(expected.max())
+    session = scorer.new_session()
+    assert_matches(session.score(short_prompts[1]).values, scorer.score(short_prompts[1]).values)
+
+
+def test_a_step_by_step_draft_supports_both_options(tokenizer, texts):
+    """gemma3 (windowed layers next to global ones) decodes over a growing cache, layer by layer."""
+    loaded = tiny_model("gemma3", tokenizer)
+    prompt = build_prompt(tokenizer, texts[1])
+    scorer = DraftAttentionScorer(loaded, look_ahead=4, pool_kernel=5, queries="max", aggregation="last-layer")
+    assert scorer.last_layer is not None and scorer.last_layer not in scorer._skip
+    expected, _ = reference_draft_attention_scores(
+        loaded, prompt.token_ids, look_ahead=4, pool_kernel=5, queries="max", aggregation="last-layer"
+    )
+    assert_matches(scorer.score(prompt).values, expected)
+    assert_matches(scorer.new_session().score(prompt).values, expected)

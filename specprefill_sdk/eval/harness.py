@@ -3,7 +3,8 @@
 Two metrics per (sample, method, keep rate):
 
 - **evidence recall**: the share of the evidence tokens (needle sentences, supporting sentences) that
-  the selection keeps; needs only the draft, never the target;
+  the selection keeps; needs only the draft (the target only for ``target-early-*`` methods, which
+  score with the target's own first layers);
 - **accuracy** (with ``generate=True``): the target prefills the kept tokens at their original
   positions and answers greedily; the answer is scored ``contains`` (every / any expected answer
   appears) and ``exact`` (the first line is the answer and nothing else). The dense prompt ("full")
@@ -76,7 +77,8 @@ class EvalConfig:
         bad = [m for m in self.methods if not is_method(m)]
         if bad:
             raise InvalidRequestError(
-                f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())} or draft-early-N",
+                f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}, "
+                "draft-early-N[-AGG] or target-early-N[-AGG]",
                 param="methods",
             )
         if not self.lengths or any(not isinstance(n, int) or n < 256 for n in self.lengths):
@@ -334,7 +336,7 @@ def run_eval(
         )
     result.environment = _environment(target, draft)
     tokenizer = target.tokenizer
-    methods = build_methods(config.methods, draft=draft, seed=config.seed, target_tokenizer=tokenizer)
+    methods = build_methods(config.methods, draft=draft, seed=config.seed, target_tokenizer=tokenizer, target=target)
     lingua: Any = None
     if "llmlingua" in config.methods:
         try:

@@ -8,6 +8,10 @@ Example::
 
     methods = build_methods(["draft-chunked", "random"], draft=loaded_draft, seed=0)
     methods[0].selector(0.1).name  # 'Protect(Chunked(KeepRate(0.1), 32))'
+
+Parameterised names: ``draft-early-N`` (the draft's first N layers), ``draft-early-N-AGG`` (the same
+with the layer aggregation AGG: ``mean``, ``content-mean`` or ``last-layer``; plain is ``max``) and
+``target-early-N[-AGG]`` (the target model's own first N layers score, no second model).
 """
 
 from __future__ import annotations
@@ -16,14 +20,16 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..errors import InvalidRequestError
 from ..interfaces import Scorer, Selector
 from ..models import LoadedModel
+from ..types import Aggregation
 
 __all__ = [
     "DEFAULT_METHODS",
+    "EARLY_AGGREGATIONS",
     "METHOD_DESCRIPTIONS",
     "Method",
     "build_methods",
@@ -43,6 +49,8 @@ METHOD_DESCRIPTIONS: dict[str, str] = {
     "draft-structured": "draft attention, look-ahead 8, pool 13, chunks of 8 to 64 tokens cut at sentence, line, "
     "paragraph and message breaks",
     "draft-chunked-la1": "draft attention, look-ahead 1, pool 13, chunks of 32",
+    "draft-chunked-qmax": "draft attention, look-ahead 8, pool 13, max over the look-ahead queries instead of "
+    "their mean, chunks of 32",
     "draft-adaptive": "draft attention, look-ahead 8, pool 13, chunks of 32, Adaptive(coverage 0.9) "
     "up to the keep rate",
     "draft-early": "draft attention from the first half of the draft's layers only (the rest never run), "
@@ -61,44 +69,63 @@ DEFAULT_METHODS: tuple[str, ...] = tuple(METHOD_DESCRIPTIONS)
 #: Chunk size of the chunked methods (the paper's).
 CHUNK = 32
 
-#: ``draft-early-N``: `draft-early` with the draft's first N layers (any N from 1 to the draft's depth)
-_EARLY = re.compile(r"draft-early-([1-9][0-9]*)")
+#: The layer aggregations an early-layer method's name may end with (none: ``"max"``), in result order.
+EARLY_AGGREGATIONS: tuple[Aggregation, ...] = ("mean", "content-mean", "last-layer")
+
+#: ``draft-early-N[-AGG]`` / ``target-early-N[-AGG]``: the first N layers of the draft / of the target
+#: (any N from 1 to the model's depth), aggregated by AGG (`EARLY_AGGREGATIONS`; none: ``"max"``)
+_EARLY = re.compile(r"(draft|target)-early-([1-9][0-9]*)(?:-(" + "|".join(EARLY_AGGREGATIONS) + r"))?")
 
 
 def method_names() -> list[str]:
-    """Every fixed method name, in result order (``draft-early-N`` names come after ``draft-early``)."""
+    """Every fixed method name, in result order (``draft-early-N`` and ``target-early-N`` names come after
+    ``draft-early``)."""
     return list(METHOD_DESCRIPTIONS)
+
+
+def _early(name: str) -> tuple[str, int, Aggregation] | None:
+    """``(model, N, aggregation)`` of an early-layer method name (model ``draft`` or ``target``), else None."""
+    match = _EARLY.fullmatch(name)
+    if match is None:
+        return None
+    return match.group(1), int(match.group(2)), cast("Aggregation", match.group(3) or "max")
 
 
 def method_description(name: str) -> str | None:
     """The one-line description of method ``name``, or None for an unknown name."""
-    early = _EARLY.fullmatch(name)
+    early = _early(name)
     if early:
+        model, layers, aggregation = early
+        how = "" if aggregation == "max" else f", layer aggregation {aggregation}"
         return (
-            f"draft attention from the draft's first {early.group(1)} layers only (the rest never run), "
-            "look-ahead 1, pool 13, chunks of 32"
+            f"draft attention from the {model}'s first {layers} layers only (the rest never run), "
+            f"look-ahead 1, pool 13{how}, chunks of 32"
         )
     return METHOD_DESCRIPTIONS.get(name)
 
 
 def is_method(name: str) -> bool:
-    """Whether ``name`` names a method (a fixed name, or ``draft-early-N``)."""
+    """Whether ``name`` names a method (a fixed name, ``draft-early-N[-AGG]`` or ``target-early-N[-AGG]``)."""
     return method_description(name) is not None
 
 
 def method_order(names: Sequence[str]) -> list[str]:
-    """``names`` in result order: fixed methods in `METHOD_DESCRIPTIONS` order, each ``draft-early-N``
-    after ``draft-early`` by N, unknown names last as given."""
+    """``names`` in result order: fixed methods in `METHOD_DESCRIPTIONS` order; after ``draft-early``
+    each ``draft-early-N[-AGG]`` by N (then AGG), then each ``target-early-N[-AGG]`` likewise; unknown
+    names last as given."""
 
-    def key(item: tuple[int, str]) -> tuple[int, int, int]:
+    def key(item: tuple[int, str]) -> tuple[int, int, int, int, int]:
         position, name = item
-        early = _EARLY.fullmatch(name)
+        early = _early(name)
         fixed = list(METHOD_DESCRIPTIONS)
         if early:
-            return (fixed.index("draft-early"), 1 + int(early.group(1)), position)
+            model, layers, aggregation = early
+            family = 1 if model == "draft" else 2
+            rank = 0 if aggregation == "max" else 1 + EARLY_AGGREGATIONS.index(aggregation)
+            return (fixed.index("draft-early"), family, layers, rank, position)
         if name in METHOD_DESCRIPTIONS:
-            return (fixed.index(name), 0, position)
-        return (len(fixed), 0, position)
+            return (fixed.index(name), 0, 0, 0, position)
+        return (len(fixed), 0, 0, 0, position)
 
     return [name for _, name in sorted(enumerate(names), key=key)]
 
@@ -125,12 +152,22 @@ def _protect(inner: Any) -> Selector:
 
 
 def build_methods(
-    names: Sequence[str], *, draft: LoadedModel | None, seed: int = 0, target_tokenizer: Any = None
+    names: Sequence[str],
+    *,
+    draft: LoadedModel | None,
+    seed: int = 0,
+    target_tokenizer: Any = None,
+    target: LoadedModel | None = None,
 ) -> list[Method]:
     """Build the named methods; draft-based ones share the loaded ``draft``.
 
+    ``target``: the loaded target model, which ``target-early-N[-AGG]`` methods score with (the
+    harness passes the one it generates with; no second copy is loaded). Without such methods it is
+    not used.
+
     Raises:
-        InvalidRequestError: an unknown method name, or a draft-based method without a draft.
+        InvalidRequestError: an unknown method name, a draft-based method without a draft, or a
+            ``target-early-*`` method without a target.
     """
     from ..scoring import (
         DraftAttentionScorer,
@@ -144,12 +181,16 @@ def build_methods(
     unknown = [n for n in names if not is_method(n)]
     if unknown:
         raise InvalidRequestError(
-            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)} or draft-early-N",
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)}, "
+            f"draft-early-N[-AGG] or target-early-N[-AGG] (AGG: {', '.join(EARLY_AGGREGATIONS)})",
             param="methods",
         )
     needs_draft = [n for n in names if n.startswith("draft-") or n in ("self-info", "llmlingua")]
     if needs_draft and draft is None:
         raise InvalidRequestError(f"methods {', '.join(needs_draft)} need a draft model", param="draft")
+    needs_target = [n for n in names if n.startswith("target-")]
+    if needs_target and target is None:
+        raise InvalidRequestError(f"methods {', '.join(needs_target)} need the target model", param="target")
 
     base: DraftAttentionScorer | None = None
     if any(n.startswith("draft-") for n in names):
@@ -170,15 +211,24 @@ def build_methods(
             Chunked(Adaptive(coverage=0.9, min_rate=min(0.02, rate), max_rate=rate, dense_below_tokens=0), CHUNK)
         )
 
+    target_base: DraftAttentionScorer | None = None
+    if needs_target:
+        assert target is not None
+        target_base = DraftAttentionScorer(target, look_ahead=1, pool_kernel=13, target_tokenizer=target_tokenizer)
+
     def early(name: str) -> Method:
-        assert base is not None
-        depth = base.depth
-        match = _EARLY.fullmatch(name)
-        layers = int(match.group(1)) if match else max(1, depth // 2)
+        parsed = _early(name)
+        model, layers, aggregation = parsed if parsed else ("draft", 0, cast("Aggregation", "max"))
+        on = base if model == "draft" else target_base
+        assert on is not None
+        depth = on.depth
+        layers = layers or max(1, depth // 2)  # plain draft-early: half of the draft's layers
         if layers > depth:
-            raise InvalidRequestError(f"{name}: the draft has {depth} layers", param="methods")
-        scorer = base.with_options(look_ahead=1, layers=layers)
-        return Method(name, str(method_description(name)), f"draft-la1-pool13-layers{layers}", scorer, chunked, True)
+            raise InvalidRequestError(f"{name}: the {model} has {depth} layers", param="methods")
+        scorer = on.with_options(look_ahead=1, layers=layers, aggregation=aggregation)
+        # the aggregation changes the scores, so each one is a scoring pass of its own
+        key = f"{model}-la1-pool13-layers{layers}" + ("" if aggregation == "max" else f"-{aggregation}")
+        return Method(name, str(method_description(name)), key, scorer, chunked, model == "draft")
 
     out: list[Method] = []
     for name in names:
@@ -200,6 +250,10 @@ def build_methods(
         elif name == "draft-chunked-la1":
             assert base is not None
             out.append(Method(name, desc, "draft-la1-pool13", base.with_options(look_ahead=1), chunked, True))
+        elif name == "draft-chunked-qmax":
+            assert base is not None
+            scorer = base.with_options(queries="max")
+            out.append(Method(name, desc, "draft-la8-pool13-qmax", scorer, chunked, True))
         elif name == "draft-adaptive":
             assert base is not None
             out.append(Method(name, desc, "draft-la8-pool13", base, adaptive, True))

@@ -161,7 +161,8 @@ class SpecPrefillOptions(_Strict):
     aggregation: Aggregation | None = Field(
         None,
         description="How the draft's attention rows are reduced over layers and heads: max (the paper's), mean, "
-        "or content-mean (the attention sink and the local window left out; keeps shallow layers accurate).",
+        "content-mean (the attention sink and the local window left out; keeps shallow layers accurate) "
+        "or last-layer (only the deepest scored layer votes).",
     )
     min_prompt_tokens: int | None = Field(
         None, ge=0, description="Dense prefill below this prompt length (the policy's dense_below_tokens)."

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 from .incremental import DraftSession
 from .reference import greedy_look_ahead, reference_draft_attention_scores
-from .scorer import AGGREGATIONS, DraftAttentionScorer, check_aggregation
+from .scorer import AGGREGATIONS, QUERY_REDUCTIONS, DraftAttentionScorer, check_aggregation, check_queries
 
 __all__ = [
     "AGGREGATIONS",
+    "QUERY_REDUCTIONS",
     "DraftAttentionScorer",
     "DraftSession",
     "check_aggregation",
+    "check_queries",
     "greedy_look_ahead",
     "reference_draft_attention_scores",
 ]

@@ -9,7 +9,8 @@ before, so the same model object can serve as target and draft at once.
 
 The score rows are reduced on the fly: each layer adds its smoothed rows to a running maximum (or,
 for the mean aggregations, a running sum) of shape ``[batch, queries, prompt]``; no ``n x n`` matrix
-and no ``[layers, heads, queries, n]`` tensor is ever held.
+and no ``[layers, heads, queries, n]`` tensor is ever held. `ScoreCollector.token_scores` then
+combines each prompt's queries (their mean, or their maximum).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 from ...errors import ModelLoadError
 from ...models import text_config
 from ...runtime.attention import HOOKED_IMPLEMENTATIONS, HOOKED_PREFIX
-from ...types import CONTENT_WINDOW, Aggregation
+from ...types import CONTENT_WINDOW, Aggregation, QueryReduction
 
 __all__ = [
     "DraftStopped",
@@ -140,7 +141,9 @@ class ScoreCollector(_Observer):
 
     ``"max"``: ``best[b, j, i] = max over layers and heads``; ``"mean"``: their sum, divided by the
     number of (layer, head) rows in `reduced`; ``"content-mean"``: the same mean over rows first
-    restricted to `content_columns` and renormalised (`content_rows`).
+    restricted to `content_columns` and renormalised (`content_rows`); ``"last-layer"``: the mean
+    over the heads of layer ``last_layer`` alone (the other layers are seen but do not vote).
+    ``queries`` is how `token_scores` combines the queries: their mean or their maximum.
 
     The scorer drives it: `begin_step` before every forward pass of the draft (step 0 is the prompt
     prefill, step j the j-th look-ahead token), then reads `reduced`. Sequence indices are those of the
@@ -163,9 +166,17 @@ class ScoreCollector(_Observer):
         device: torch.device,
         padded: bool | None = None,
         aggregation: Aggregation = "max",
+        last_layer: int | None = None,
+        queries: QueryReduction = "mean",
     ) -> None:
+        if (aggregation == "last-layer") != (last_layer is not None):
+            raise ValueError("last_layer is given exactly when the aggregation is 'last-layer'")
         batch = int(pad.shape[0])
         self.aggregation = aggregation
+        #: ``"last-layer"``: the one layer whose rows count, else None (every layer not in ``skip``)
+        self.last_layer = last_layer
+        #: how `token_scores` combines the queries
+        self.queries: QueryReduction = queries
         self.prompt_len = prompt_len
         self.pool_kernel = pool_kernel
         self.skip = skip
@@ -190,6 +201,18 @@ class ScoreCollector(_Observer):
         if self.aggregation == "max":
             return self.best
         return self.best / self.votes.clamp_min(1.0)[None, :, None]
+
+    def token_scores(self, row: int, used: int) -> torch.Tensor:
+        """``[n]``: row ``row``'s scores over its real prompt tokens from its first ``used`` queries.
+
+        The mean of the queries' `reduced` rows, or (``queries="max"``) their maximum.
+        """
+        rows = self.reduced[row, :used, int(self.pad[row]) :]
+        return rows.amax(dim=0) if self.queries == "max" else rows.mean(dim=0)
+
+    def _votes(self, layer: int | None) -> bool:
+        """Whether layer ``layer``'s rows count (``"last-layer"`` counts one layer only)."""
+        return self.last_layer is None or layer == self.last_layer
 
     def _add(self, pooled: torch.Tensor) -> None:
         """Fold ``pooled`` (``[layers, B, heads, count, P]``) into queries ``:count``."""
@@ -222,6 +245,8 @@ class ScoreCollector(_Observer):
             return
         if layer is not None:
             self.layers_seen.add(int(layer))
+        if not self._votes(None if layer is None else int(layer)):
+            return
         kv_len = key.shape[2]
         first = self.seq_len - kv_len  # sequence index of key[..., 0, :] (a sliding cache drops the oldest)
         visible = self.prompt_len - first
@@ -276,6 +301,9 @@ class ScoreCollector(_Observer):
         """
         layers = [i for i in range(queries.shape[0]) if i not in self.skip]
         self.layers_seen.update(layers)
+        layers = [i for i in layers if self._votes(i)]
+        if not layers:
+            return
         _, batch, heads, count, dim = queries.shape
         kv_heads, width = keys.shape[2], self.prompt_len
         per_layer = batch * (heads * count + kv_heads * dim) * width

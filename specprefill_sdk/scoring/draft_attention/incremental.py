@@ -4,7 +4,8 @@ A `DraftAttentionScorer` reads the whole prompt every time. In a conversation ea
 the previous one, so a `DraftSession` keeps the draft's (dense) cache of the token sequence it has
 read, prefills only what is new, and then scores the *whole* prompt exactly as the scorer does: the
 last prompt token and up to ``look_ahead - 1`` greedy look-ahead tokens attend to every prompt key
-(cached or new), rows are smoothed and reduced by max over layers and heads, mean over queries. The
+(cached or new), rows are smoothed and reduced over layers and heads and over the queries as the
+scorer's ``aggregation`` and ``queries`` say (by default max, then mean). The
 look-ahead tokens are removed from the cache afterwards. With a scorer of ``layers=N`` only the draft's
 first N layers run, and only their cache is kept.
 
@@ -127,6 +128,9 @@ class DraftSession:
             "look_ahead_requested": self.scorer.look_ahead,
             "look_ahead_token_ids": continuation,
             "pool_kernel": self.scorer.pool_kernel,
+            "layers": self.scorer.layers,
+            "aggregation": self.scorer.aggregation,
+            "queries": self.scorer.queries,
             "draft_tokens": n,
             "draft_prefilled": self.last_prefilled,
             "projected": False,
@@ -195,6 +199,8 @@ class DraftSession:
             skip=self._skip,
             device=device,
             aggregation=self.scorer.aggregation,
+            last_layer=self.scorer.last_layer,
+            queries=self.scorer.queries,
         )
         limit = self.loaded.max_context
         used = 1
@@ -220,5 +226,5 @@ class DraftSession:
                 "it cannot be used as a draft"
             )
         self._crop(n)  # drop the look-ahead tokens: the next turn continues from the prompt
-        values = collector.reduced[0, :used].mean(dim=0).cpu()
+        values = collector.token_scores(0, used).cpu()
         return values, used, tuple(generated)

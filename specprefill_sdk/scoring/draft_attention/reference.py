@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ...models import LoadedModel
-from ...types import Aggregation
+from ...types import Aggregation, QueryReduction
 from .hook import content_columns, content_rows, skipped_layers
 
 __all__ = ["greedy_look_ahead", "reference_draft_attention_scores"]
@@ -48,6 +48,7 @@ def reference_draft_attention_scores(
     pool_kernel: int = 13,
     layers: int | None = None,
     aggregation: Aggregation = "max",
+    queries: QueryReduction = "mean",
 ) -> tuple[torch.Tensor, list[int]]:
     """``(scores, look-ahead tokens)`` for one prompt of draft token ids, the slow way.
 
@@ -56,7 +57,8 @@ def reference_draft_attention_scores(
     over layers and heads, mean over the queries. ``layers``: only the first that many layers count
     (the whole model still runs). ``aggregation``: ``"mean"`` / ``"content-mean"`` take the mean over
     layers and heads instead of the max, ``"content-mean"`` after restricting each row to
-    `content_columns` and renormalising it.
+    `content_columns` and renormalising it; ``"last-layer"`` the mean over the heads of the last
+    layer that counts. ``queries="max"``: the max over the queries instead of their mean.
     """
     model = loaded.model
     n = len(token_ids)
@@ -78,11 +80,14 @@ def reference_draft_attention_scores(
         rows = (rows / rows.sum(dim=-1, keepdim=True)).nan_to_num(0.0)
         if aggregation == "content-mean":
             rows = content_rows(rows, content_columns(torch.zeros(1, dtype=torch.long, device=rows.device), n)[0])
-        heads, queries, _ = rows.shape
-        flat = rows.reshape(heads * queries, 1, n)
+        heads, count, _ = rows.shape
+        flat = rows.reshape(heads * count, 1, n)
         if pool_kernel > 1:
             flat = F.avg_pool1d(flat, pool_kernel, stride=1, padding=pool_kernel // 2, count_include_pad=False)
-        pooled_layers.append(flat[..., :n].reshape(heads, queries, n))
+        pooled_layers.append(flat[..., :n].reshape(heads, count, n))
+    if aggregation == "last-layer":
+        pooled_layers = pooled_layers[-1:]
     stacked = torch.stack(pooled_layers)  # [L, H, queries, n]
     reduced = stacked.amax(dim=(0, 1)) if aggregation == "max" else stacked.mean(dim=(0, 1))
-    return reduced.mean(dim=0).cpu(), continuation
+    combined = reduced.amax(dim=0) if queries == "max" else reduced.mean(dim=0)
+    return combined.cpu(), continuation

@@ -7,9 +7,10 @@ head, to the draft's keys of the prompt only::
     a[l, h, j, :] = softmax(q_j . K_prompt^T * scaling)            (fp32, over the n prompt keys)
     s_i = mean_j  max_{l, h}  avg_pool(a[l, h, j, :], kernel)[i]     (edges not damped)
 
-``aggregation`` replaces the max over layers and heads: ``"mean"`` takes their mean, and
+``aggregation`` replaces the max over layers and heads: ``"mean"`` takes their mean,
 ``"content-mean"`` the mean of rows that first leave out the attention sink and the local window and
-are renormalised over the rest (see `Aggregation`).
+are renormalised over the rest, and ``"last-layer"`` the mean over the heads of the deepest scored
+layer alone (see `Aggregation`). ``queries="max"`` replaces the mean over the queries j by their max.
 
 Example::
 
@@ -34,7 +35,7 @@ from ...runtime.attention import sdpa_context
 from ...runtime.lean import LeanModel
 from ...runtime.norms import install_fused_norms
 from ...runtime.settings import ExecutionSettings
-from ...types import Aggregation, Prompt, TokenScores, int64_tensor
+from ...types import Aggregation, Prompt, QueryReduction, TokenScores, int64_tensor
 from ...validation import check_int
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
@@ -43,10 +44,12 @@ from .lookahead import FixedBufferLookAhead, supports_fixed_buffers
 if TYPE_CHECKING:
     from .incremental import DraftSession
 
-__all__ = ["AGGREGATIONS", "DraftAttentionScorer", "check_aggregation"]
+__all__ = ["AGGREGATIONS", "QUERY_REDUCTIONS", "DraftAttentionScorer", "check_aggregation", "check_queries"]
 
 #: Every `Aggregation`, the paper's first.
 AGGREGATIONS: tuple[Aggregation, ...] = get_args(Aggregation)
+#: Every `QueryReduction`, the paper's first.
+QUERY_REDUCTIONS: tuple[QueryReduction, ...] = get_args(QueryReduction)
 
 
 def check_aggregation(value: Any) -> Aggregation:
@@ -56,6 +59,15 @@ def check_aggregation(value: Any) -> Aggregation:
             f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {value!r}", param="aggregation"
         )
     return cast("Aggregation", value)
+
+
+def check_queries(value: Any) -> QueryReduction:
+    """``value`` when it names a `QueryReduction`; raises `InvalidRequestError` (param ``queries``) otherwise."""
+    if not isinstance(value, str) or value not in QUERY_REDUCTIONS:
+        raise InvalidRequestError(
+            f"queries must be one of {', '.join(QUERY_REDUCTIONS)}; got {value!r}", param="queries"
+        )
+    return cast("QueryReduction", value)
 
 
 logger = logging.getLogger(__name__)
@@ -81,12 +93,18 @@ class DraftAttentionScorer:
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
         aggregation: how each query's attention rows are reduced over layers and heads (`Aggregation`):
-            ``"max"`` (the SpecPrefill paper's), ``"mean"``, or ``"content-mean"``: the mean of rows
+            ``"max"`` (the SpecPrefill paper's), ``"mean"``, ``"content-mean"``: the mean of rows
             without the attention sink (the first token) and the local window (the prompt's last
-            `CONTENT_WINDOW` tokens, at most half of it), each renormalised over the rest. Tokens
-            of the left-out columns then score zero: they are kept only when protected or when the
-            budget reaches them. ``"content-mean"`` is what keeps a shallow draft (``layers``) near
-            the full draft's evidence recall; see docs/benchmarks.md.
+            `CONTENT_WINDOW` tokens, at most half of it), each renormalised over the rest, or
+            ``"last-layer"``: the mean over the heads of the deepest scored layer only (layer
+            ``layers - 1`` with ``layers``; GemFilter's reading of one layer). Tokens of
+            ``"content-mean"``'s left-out columns score zero: they are kept only when protected or
+            when the budget reaches them. ``"content-mean"`` is what keeps a shallow draft
+            (``layers``) near the full draft's evidence recall; see docs/benchmarks.md.
+        queries: how the queries' per-token scores are combined (`QueryReduction`): ``"mean"``
+            (the paper's) or ``"max"``, which keeps what each query needs most: a token one
+            look-ahead query attends to strongly is not averaged away by the others (coverage of
+            several pieces of evidence). With ``look_ahead=1`` both are the same.
         execution: how the draft's passes run (`ExecutionSettings`: fused norms, lean and compiled
             passes, the CUDA graph, the attention kernels, batch size); None: the defaults (compiled
             on a CUDA device, `ExecutionSettings.compile`). `warmup` compiles and measures.
@@ -123,10 +141,13 @@ class DraftAttentionScorer:
         layers: int | None = None,
         aggregation: Aggregation = "max",
         execution: ExecutionSettings | None = None,
+        queries: QueryReduction = "mean",
     ) -> None:
         self.look_ahead = check_int(look_ahead, "look_ahead", param="look_ahead", minimum=1)
         #: how attention rows are reduced over layers and heads (`Aggregation`)
         self.aggregation: Aggregation = check_aggregation(aggregation)
+        #: how the queries' per-token scores are combined (`QueryReduction`)
+        self.queries: QueryReduction = check_queries(queries)
         self.pool_kernel = check_int(pool_kernel, "pool_kernel", param="pool_kernel", minimum=1)
         #: how the draft's passes run
         self.execution = ExecutionSettings.of(execution)
@@ -139,6 +160,12 @@ class DraftAttentionScorer:
         install(model)
         self._skip = skipped_layers(model.config)
         self.layers = self._check_layers(layers)
+        #: ``"last-layer"``: the deepest layer that counts (the only one that votes), else None
+        self.last_layer: int | None = (
+            max(i for i in range(self.layers or self.depth) if i not in self._skip)
+            if self.aggregation == "last-layer"
+            else None
+        )
         self._vocab_size = int(model.get_input_embeddings().num_embeddings)
         self._cache_arg = cache_argument(model)
         self._eos = torch.tensor(sorted(self.loaded.eos_token_ids), dtype=torch.long, device=self.loaded.device)
@@ -229,9 +256,10 @@ class DraftAttentionScorer:
     def __repr__(self) -> str:
         layers = "" if self.layers is None else f", layers={self.layers}"
         aggregation = "" if self.aggregation == "max" else f", aggregation={self.aggregation!r}"
+        queries = "" if self.queries == "mean" else f", queries={self.queries!r}"
         return (
             f"DraftAttentionScorer(draft={self.model_name!r}, look_ahead={self.look_ahead}, "
-            f"pool_kernel={self.pool_kernel}{layers}{aggregation})"
+            f"pool_kernel={self.pool_kernel}{layers}{aggregation}{queries})"
         )
 
     def new_session(self) -> DraftSession:
@@ -247,6 +275,7 @@ class DraftAttentionScorer:
         layers: int | None = None,
         execution: ExecutionSettings | None = None,
         aggregation: Aggregation | None = None,
+        queries: QueryReduction | None = None,
     ) -> DraftAttentionScorer:
         """A scorer with other settings that shares this one's loaded draft model (and its lock).
 
@@ -260,11 +289,12 @@ class DraftAttentionScorer:
             pool_kernel=self.pool_kernel if pool_kernel is None else pool_kernel,
             layers=self.layers if layers is None else layers,
             aggregation=self.aggregation if aggregation is None else aggregation,
+            queries=self.queries if queries is None else queries,
             target_tokenizer=self.target_tokenizer,
             execution=self.execution if execution is None else execution,
         )
-        # What a pass costs depends on the look-ahead, the layers and how it runs, not on the pool
-        # or the aggregation.
+        # What a pass costs depends on the look-ahead, the layers and how it runs, not on the pool,
+        # the aggregation or the query reduction (each a reduction of the same attention rows).
         if (variant.look_ahead, variant.layers, variant.execution) == (self.look_ahead, self.layers, self.execution):
             variant.cost = self.cost
         return variant
@@ -338,6 +368,7 @@ class DraftAttentionScorer:
             "pool_kernel": self.pool_kernel,
             "layers": self.layers,
             "aggregation": self.aggregation,
+            "queries": self.queries,
             "draft_tokens": len(draft.ids),
             "projected": draft.projected,
         }
@@ -387,6 +418,8 @@ class DraftAttentionScorer:
             device=self.loaded.device,
             padded=padded,
             aggregation=self.aggregation,
+            last_layer=self.last_layer,
+            queries=self.queries,
         )
 
     def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
@@ -449,7 +482,7 @@ class DraftAttentionScorer:
         results = []
         for b in range(size):
             n_used = int(used[b])
-            values = collector.reduced[b, :n_used, int(pad[b]) :].mean(dim=0)
+            values = collector.token_scores(b, n_used)
             results.append((values.cpu(), n_used, tuple(int(t) for t in tokens[b][: n_used - 1])))
         return results
 
@@ -507,7 +540,6 @@ class DraftAttentionScorer:
             listed = first[:, None].tolist()
         else:
             listed = torch.cat([first[:, None], tokens[:, : steps - 1]], dim=1).tolist()  # t_1 .. t_steps
-        best = collector.reduced
         eos = set(self.loaded.eos_token_ids)
         limit = self.loaded.max_context
         results = []
@@ -516,6 +548,6 @@ class DraftAttentionScorer:
             n_used = 1
             while n_used <= allowed and listed[b][n_used - 1] not in eos:
                 n_used += 1
-            values = best[b, :n_used, int(pad[b]) :].mean(dim=0)
+            values = collector.token_scores(b, n_used)
             results.append((values.cpu(), n_used, tuple(listed[b][: n_used - 1])))
         return results
