@@ -116,7 +116,9 @@ def read_accuracy(paths: Sequence[str | Path]) -> tuple[dict[str, Any], list[dic
         sources = data.get("sources") or [{"seed": cfg["seed"], "samples": cfg["samples"]}]
         counts = {int(s["samples"]) for s in sources}
         if len(counts) != 1:
-            raise InvalidRequestError(f"{path}: its seeds have different sample counts {sorted(counts)}", "accuracy")
+            raise InvalidRequestError(
+                f"{path}: its seeds have different sample counts {sorted(counts)}", param="accuracy"
+            )
         this = {
             "model": cfg["model"],
             "draft": cfg.get("draft"),
@@ -360,39 +362,87 @@ def evaluate_grid(
     grid: Sequence[dict[str, Any]],
     *,
     progress: bool = True,
+    workers: int = 1,
 ) -> list[dict[str, Any]]:
-    """Per sample and candidate: the kept share and the evidence recall of the policy's selector."""
-    from rich.progress import track
+    """Per sample and candidate: the kept share and the evidence recall of the policy's selector.
 
+    ``workers`` > 1 spreads the prompts over that many processes (each selection runs on one core);
+    the rows come back in the order of ``cases`` either way.
+    """
+    from rich.progress import Progress
+
+    done: dict[str, list[dict[str, Any]]] = {}
+    with Progress(disable=not progress) as bar:
+        task = bar.add_task("selecting", total=len(cases))
+        if workers <= 1:
+            _init_worker(policy, grid, threads=False)
+            for sid, case in cases:
+                done[sid] = _select_prompt(sid, case, scores[sid])
+                bar.advance(task)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            # spawn, not fork: the parent may hold a CUDA context, which a forked child cannot use
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(
+                workers, mp_context=context, initializer=_init_worker, initargs=(policy, grid)
+            ) as pool:
+                futures = {pool.submit(_select_prompt, sid, case, scores[sid]): sid for sid, case in cases}
+                for future in as_completed(futures):
+                    done[futures[future]] = future.result()
+                    bar.advance(task)
+    return [row for sid, _ in cases for row in done[sid]]
+
+
+#: the selectors of the grid, built once per process by `_init_worker`
+_SELECTORS: list[Any] = []
+_SCORER_NAME = ""
+
+
+def _init_worker(policy: Any, grid: Sequence[dict[str, Any]], threads: bool = True) -> None:
+    global _SCORER_NAME
+    if threads:
+        import torch
+
+        torch.set_num_threads(1)  # one selection per process: the processes share the cores
+    _SELECTORS[:] = [policy.with_overrides(**values).build_selector() for values in grid]
+    _SCORER_NAME = policy.scorer.kind
+
+
+def _select_prompt(sid: str, case: Any, values: Any) -> list[dict[str, Any]]:
+    """Every candidate's selection of one prompt from its (float16) scores: share and evidence recall."""
     from specprefill_sdk.eval.metrics import evidence_recall
     from specprefill_sdk.pipeline import compress_prompts
     from specprefill_sdk.types import TokenScores
 
-    selectors = [policy.with_overrides(**values).build_selector() for values in grid]
-    scorer = policy.scorer.kind  # the name only: the scores are given, nothing is scored here
+    given = [TokenScores(values=values.float(), scorer=_SCORER_NAME)]
     rows = []
-    for sid, case in track(cases, description="selecting", disable=not progress):
-        token_scores = TokenScores(values=scores[sid].float(), scorer=scorer)
-        for index, selector in enumerate(selectors):
-            # the compress step that the evaluation and the pipeline run, with the scores given
-            (comp,) = compress_prompts(
-                [case.prompt],
-                _NoScorer(),
-                selector,
-                fallback_on_scorer_error=False,
-                score=lambda _, s=token_scores: [s],
-            )
-            rows.append(
-                {
-                    "candidate": index,
-                    "id": sid,
-                    "task": case.sample.task,
-                    "length": case.sample.length,
-                    "share": comp.selection.keep_ratio,
-                    "recall": evidence_recall(comp.selection, case.evidence),
-                }
-            )
+    for index, selector in enumerate(_SELECTORS):
+        # the compress step that the evaluation and the pipeline run, with the scores given
+        (comp,) = compress_prompts(
+            [case.prompt], _NoScorer(), selector, fallback_on_scorer_error=False, score=_given(given)
+        )
+        rows.append(
+            {
+                "candidate": index,
+                "id": sid,
+                "task": case.sample.task,
+                "length": case.sample.length,
+                "share": comp.selection.keep_ratio,
+                "recall": evidence_recall(comp.selection, case.evidence),
+            }
+        )
     return rows
+
+
+def _given(scores: list[Any]) -> Any:
+    """The ``score`` callback of `compress_prompts` that hands over ``scores``."""
+
+    def score(indices: list[int]) -> list[Any]:
+        return scores
+
+    return score
 
 
 class _NoScorer:
@@ -401,6 +451,9 @@ class _NoScorer:
     name = "cached-scores"
 
     def score(self, prompt: Any) -> Any:
+        raise AssertionError("the scores are given")
+
+    def score_batch(self, prompts: Sequence[Any]) -> list[Any]:
         raise AssertionError("the scores are given")
 
 
@@ -650,6 +703,9 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--cap-long", type=float, default=0.15, help=f"share cap above {SHORT_LENGTH} tokens")
     parser.add_argument("--scores-cache", type=Path, default=None, help="float16 scores: reused when present")
     parser.add_argument("--write-policy", type=Path, default=None, help="rewrite this policy file's four numbers")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="processes that select (default: the CPU count, at most 16)"
+    )
     parser.add_argument("--no-progress", action="store_true")
     add_output_args(parser, "auto_calibration")
     args = parser.parse_args(argv)
@@ -710,7 +766,12 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
             torch.save({**expect, "scores": scores}, args.scores_cache)
             logger.info("scores saved to %s", args.scores_cache)
 
-    rows = evaluate_grid(cases, scores, policy, grid, progress=not args.no_progress)
+    import os
+
+    workers = args.workers if args.workers is not None else min(16, os.cpu_count() or 1)
+    if workers < 1:
+        raise InvalidRequestError(f"--workers {workers} must be >= 1", param="workers")
+    rows = evaluate_grid(cases, scores, policy, grid, progress=not args.no_progress, workers=workers)
     summary = summarise_grid(grid, rows, targets)
     assessed = assess(summary, {L: t["r_star"] for L, t in targets.items()}, args.cap_short, args.cap_long)
     best, why = choose(assessed)
@@ -739,6 +800,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
                 "max_rate": args.max_rate,
             },
             "scores_cache": None if args.scores_cache is None else str(args.scores_cache),
+            "workers": workers,
         },
         "environment": environment(args.device),
         "elapsed_s": 0.0,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ def _script(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # so that worker processes find its functions by name
     spec.loader.exec_module(module)
     return module
 
@@ -316,7 +318,7 @@ def test_a_real_run_on_cpu_scores_selects_chooses_and_writes_the_policy(tmp_path
     argv = [
         "--accuracy", str(accuracy_file), "--policy", str(policy), "--device", "cpu", "--dtype", "bfloat16",
         "--coverage", "0.5", "0.9", "--min-rate", "0.05", "--min-tokens", "0", "--max-rate", "0.4",
-        "--cap-short", "0.5", "--scores-cache", str(cache), "--no-progress",
+        "--cap-short", "0.5", "--scores-cache", str(cache), "--no-progress", "--workers", "1",
         "--out", str(tmp_path / "out"), "--write-policy", str(policy),
     ]  # fmt: skip
     result = cal.main(argv)
@@ -358,14 +360,14 @@ def test_a_real_run_on_cpu_scores_selects_chooses_and_writes_the_policy(tmp_path
         line for line in before.splitlines() if line.startswith("#")
     ]
 
-    # again from the cache: the same grid, and no scorer is built
+    # again from the cache, the prompts spread over two processes: the same grid, and no scorer is built
     from specprefill_sdk.policies import Policy
 
     def no_scorer(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the cached scores should be used")
 
     monkeypatch.setattr(Policy, "build_scorer", no_scorer)
-    again = cal.main([*argv[:-2], "--out", str(tmp_path / "again")])
+    again = cal.main([*argv[:-2], "--workers", "2", "--out", str(tmp_path / "again")])
     assert again["grid"] == result["grid"]
 
 
