@@ -197,7 +197,12 @@ def accuracy_targets(records: Sequence[dict[str, Any]], lengths: Sequence[int], 
             per_task[task] = {"full": _mean(full), "full_count": len(full), METHOD: shares}
         included = [t for t in tasks if per_task[t]["full"] > 0]
         excluded = [
-            {"task": t, "reason": "the dense target never answers it (mean contains 0)"}
+            {
+                "task": t,
+                "reason": "no dense (full) records"
+                if per_task[t]["full_count"] == 0
+                else "the dense target never answers it (mean contains 0)",
+            }
             for t in tasks
             if t not in included
         ]
