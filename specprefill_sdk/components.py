@@ -33,7 +33,7 @@ from pydantic import BaseModel, Field, PrivateAttr, SecretStr
 
 from .errors import InvalidRequestError
 from .pipeline import Pipeline
-from .policies import OVERRIDE_KEYS, RENAMED, Policy, build_pipeline, load_policy, resolve_pipeline
+from .policies import DEFAULT_POLICY, OVERRIDE_KEYS, RENAMED, Policy, build_pipeline, load_policy, resolve_pipeline
 from .types import Aggregation
 
 __all__ = [
@@ -111,7 +111,7 @@ class PipelineFields(BaseModel):
     """Where models given by name are loaded (``auto``, ``cpu``, ``cuda``, ``cuda:1``)."""
     dtype: str = "auto"
     """How models given by name are loaded (``auto``, ``bfloat16``, ``float16``, ``float32``)."""
-    policy: str = "paper"
+    policy: str = DEFAULT_POLICY
     """The policy preset (``specprefill policies`` lists them) or a ``.toml`` path."""
     policy_overrides: dict[str, Any] = Field(default_factory=dict)
     """Policy overrides as a mapping, e.g. ``{"keep_rate": 0.2}`` (the same names as the fields below)."""

@@ -227,8 +227,11 @@ class Pipeline:
         return StageTrace(self.telemetry, self.backend)
 
     @classmethod
-    def from_policy(cls, policy: str = "paper", **kwargs: Any) -> Pipeline:
-        """Build a pipeline from a named policy preset (see `specprefill_sdk.policies.load_pipeline`)."""
+    def from_policy(cls, policy: str = "auto", **kwargs: Any) -> Pipeline:
+        """Build a pipeline from a named policy preset (see `specprefill_sdk.policies.load_pipeline`).
+
+        The default, ``auto``, is `specprefill_sdk.policies.DEFAULT_POLICY`.
+        """
         from .policies import load_pipeline
 
         return load_pipeline(policy, **kwargs)

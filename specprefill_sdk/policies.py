@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import threading
+import warnings
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from pathlib import Path
@@ -53,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = [
     "CHUNKINGS",
     "DEFAULT_DENSE_BELOW_TOKENS",
+    "DEFAULT_POLICY",
+    "DEPRECATED_PRESETS",
     "MODEL_SCORERS",
     "OVERRIDE_KEYS",
     "RENAMED",
@@ -68,6 +71,7 @@ __all__ = [
     "load_policy",
     "override_selector",
     "policy_dirs",
+    "preset_name",
     "resolve_pipeline",
     "scorer_class",
     "scorer_for",
@@ -83,6 +87,17 @@ _DEFAULT_MODEL = "smollm2-135m"
 #: prefilling everything and the answer changes the most; docs/benchmarks.md ("Where compression
 #: starts to pay") has the measurement. An explicit ``dense_below_tokens = 0`` turns it off.
 DEFAULT_DENSE_BELOW_TOKENS = 256
+#: The preset used where none is named: `load_pipeline`, ``specprefill run`` and ``serve``, the adapters.
+DEFAULT_POLICY = "auto"
+#: Earlier preset names, still loaded, and the preset each now loads with the reason it was replaced.
+DEPRECATED_PRESETS: dict[str, tuple[str, str]] = {
+    "adaptive": (
+        "auto",
+        "its coverage rule kept fewer tokens than the paper policy on long prompts",
+    ),
+}
+# The earlier names already logged in this process: a server resolves one per request.
+_WARNED: set[str] = set()
 
 ScorerKind = Literal["draft-attention", "self-information", "uniform", "random", "recency", "head-tail"]
 SelectorKind = Literal["keep-rate", "token-budget", "adaptive"]
@@ -513,8 +528,27 @@ def _presets() -> dict[str, Traversable]:
 
 
 def list_policies() -> list[str]:
-    """The names of the shipped presets, sorted: e.g. ``['adaptive', 'conservative', 'dense', 'paper']``."""
+    """The names of the shipped presets, sorted: e.g. ``['auto', 'conservative', 'dense', 'paper']``.
+
+    Earlier names (`DEPRECATED_PRESETS`) are not listed, though `load_policy` still reads them.
+    """
     return sorted(_presets())
+
+
+def preset_name(name: str) -> str:
+    """``name``, or the preset an earlier name (`DEPRECATED_PRESETS`) now loads, with a warning.
+
+    The warning is a `DeprecationWarning` on each call and one logged warning per name and process.
+    """
+    if name not in DEPRECATED_PRESETS:
+        return name
+    new, reason = DEPRECATED_PRESETS[name]
+    message = f"policy {name!r} was replaced by {new!r} because {reason}; loading {new!r}"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    if name not in _WARNED:
+        _WARNED.add(name)
+        logger.warning(message)
+    return new
 
 
 def _parse(text: str, name: str, source: str) -> Policy:
@@ -528,6 +562,9 @@ def _parse(text: str, name: str, source: str) -> Policy:
 
 def load_policy(name_or_path: str | os.PathLike[str]) -> Policy:
     """Load a preset by name (``"paper"``) or a policy file by path (``"./mine.toml"``).
+
+    An earlier preset name (`DEPRECATED_PRESETS`, e.g. ``"adaptive"``) loads the preset that replaced
+    it, with a warning (`preset_name`).
 
     Raises:
         PolicyError: an unknown name (the message lists the presets), a missing or unreadable file,
@@ -545,6 +582,7 @@ def load_policy(name_or_path: str | os.PathLike[str]) -> Policy:
     if not isinstance(name_or_path, str) or not name_or_path:
         raise PolicyError(f"a policy name or .toml path is required, got {name_or_path!r}")
     presets = _presets()
+    name_or_path = preset_name(name_or_path)
     entry = presets.get(name_or_path)
     if entry is None:
         valid = ", ".join(sorted(presets)) or "(none installed)"
@@ -553,7 +591,7 @@ def load_policy(name_or_path: str | os.PathLike[str]) -> Policy:
 
 
 def load_pipeline(
-    policy: str | os.PathLike[str] | Policy = "paper",
+    policy: str | os.PathLike[str] | Policy = DEFAULT_POLICY,
     *,
     model: str | LoadedModel = _DEFAULT_MODEL,
     draft: str | LoadedModel | None = None,
@@ -571,7 +609,7 @@ def load_pipeline(
     """Build a `Pipeline` from a policy: the policy's scorer and selector, a transformers backend.
 
     Args:
-        policy: a preset name, a ``.toml`` path or a `Policy`.
+        policy: a preset name (default ``auto``, `DEFAULT_POLICY`), a ``.toml`` path or a `Policy`.
         model: the target (a model spec or a `LoadedModel`); ignored when ``backend`` is given.
         draft: the draft model; ``None`` uses the target itself, sharing its weights in memory.
         device, dtype: where and how models given by name are loaded.

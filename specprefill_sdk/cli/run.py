@@ -46,8 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()
-    policy.add_argument("--keep", type=keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1]")
-    policy.add_argument("--policy", default=None, metavar="NAME", help="policy preset or .toml file (default: paper)")
+    policy.add_argument("--keep", type=keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1] (the paper policy at this rate)")
+    policy.add_argument("--policy", default=None, metavar="NAME", help="policy preset or .toml file (default: auto)")
 
     prompt = parser.add_argument_group("prompt (one of)").add_mutually_exclusive_group()
     prompt.add_argument("--prompt", metavar="TEXT", help="the prompt text")
@@ -207,10 +207,11 @@ def main(args: argparse.Namespace) -> int:
     _configure_logging(getattr(args, "verbose", 0))
     given = _prompt_input(args)
 
-    from ..policies import load_pipeline, load_policy
+    from ..policies import DEFAULT_POLICY, load_pipeline, load_policy
     from ..runtime.settings import ExecutionSettings
 
-    policy = load_policy(args.policy or "paper")
+    # --keep names a share, which the paper method takes as it is; auto decides the share itself.
+    policy = load_policy(args.policy or ("paper" if args.keep is not None else DEFAULT_POLICY))
     policy = policy.with_overrides(keep_rate=args.keep)
     # Library code and the libraries below it may print; stdout belongs to the answer alone.
     with contextlib.redirect_stdout(sys.stderr):

@@ -156,7 +156,7 @@ class ServerConfig:
 
     model: str = "smollm2-135m"
     draft: str | None = None
-    policy: str = "paper"
+    policy: str = "auto"
     api_keys: tuple[str, ...] = field(default=())
     max_prompt_tokens: int | None = None
     max_output_tokens: int | None = None

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..interfaces import Backend, Executed, ModelScorer, Scorer
 from ..pipeline import Pipeline
-from ..policies import Policy, build_pipeline, list_policies, load_policy
+from ..policies import DEPRECATED_PRESETS, Policy, build_pipeline, list_policies, load_policy, preset_name
 from ..prompt import PromptInput, ToolsInput
 from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, QueuedScorer, ScoringQueue
 from ..selection import DenseBelow
@@ -283,6 +283,8 @@ class ServingEngine:
             # request alone is scored at once.
             self.scoring = ScoringQueue(tokens, config.scoring_wait_ms, active=lambda: self.admission.stats().running)
         self._policy_names = sorted(list_policies())
+        if policy in DEPRECATED_PRESETS:
+            policy = self.default_policy = preset_name(policy)
         if self._policy_names and policy not in self._policy_names:
             raise PolicyError(f"unknown policy {policy!r}; choose one of {', '.join(self._policy_names)}")
         self.vocab_size = len(backend.tokenizer)
@@ -518,6 +520,8 @@ class ServingEngine:
         if options is not None and not options.enabled:
             return self.pipeline_for_disabled()
         name = (options.policy if options is not None else None) or self.default_policy
+        if name in DEPRECATED_PRESETS:
+            name = preset_name(name)  # an earlier name shares the pipelines of the preset it now loads
         if name not in self._policy_names:
             raise PolicyError(
                 f"unknown policy {name!r}; choose one of {', '.join(self._policy_names) or '(none installed)'}",
