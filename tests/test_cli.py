@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -195,7 +196,8 @@ def test_policies_listing_and_one_policy() -> None:
     result = cli("policies", "--json")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)
-    assert {"paper", "conservative", "adaptive"} <= {r["name"] for r in rows}
+    names = {r["name"] for r in rows}
+    assert {"paper", "conservative", "auto"} <= names and "adaptive" not in names
     result = cli("policies", "paper", "--json")
     data = json.loads(result.stdout)
     assert data["selector"]["keep_rate"] == 0.1 and data["scorer"]["look_ahead"] == 8
@@ -203,6 +205,19 @@ def test_policies_listing_and_one_policy() -> None:
     assert data["selector"]["dense_below_tokens"] == 256
     table = cli("policies")
     assert table.returncode == 0 and "paper" in table.stdout and "conservative" in table.stdout
+    assert "auto" in table.stdout
+    old = cli("policies", "adaptive", "--json")  # the earlier name still shows what it now loads
+    assert old.returncode == 0 and json.loads(old.stdout)["name"] == "auto"
+    assert "replaced by 'auto'" in old.stderr
+
+
+def test_run_and_serve_default_to_auto() -> None:
+    from specprefill_sdk.cli import serve
+
+    assert "(default: auto)" in " ".join(cli("run", "--help").stdout.split())
+    parser = argparse.ArgumentParser()
+    serve.add_arguments(parser)
+    assert "(default: auto)" in " ".join(parser.format_help().split())
 
 
 def test_models_listing() -> None:
@@ -251,15 +266,16 @@ def test_run_json_prints_exactly_one_object(tmp_path: Path, essay: str) -> None:
 
 @pytest.mark.slow
 def test_run_prefills_a_short_chat_whole_by_default() -> None:
-    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+    from specprefill_sdk.policies import load_policy
 
+    below = load_policy("auto").selector.dense_below_tokens
     question = "What is the capital of France, and which river runs through it? Answer in one sentence."
     result = cli("run", "--prompt", question, "--max-tokens", "4", "--json", "--device", "cpu")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert 16 < data["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS and data["kept_tokens"] == data["prompt_tokens"]
-    assert data["policy"] == "paper" and data["selector"].startswith("DenseBelow(")
-    assert data["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens" and data["timings_ms"]["score"] == 0
+    assert 16 < data["prompt_tokens"] < below and data["kept_tokens"] == data["prompt_tokens"]
+    assert data["policy"] == "auto" and "Adaptive(" in data["selector"]  # the default policy
+    assert f"adaptive: dense below {below} tokens" in data["reason"] and data["timings_ms"]["score"] == 0
 
 
 @pytest.mark.slow

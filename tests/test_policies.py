@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,8 @@ POLICY_DIR = Path(__file__).resolve().parents[1] / "policies"
 
 def test_shipped_presets_are_listed_and_parse() -> None:
     names = list_policies()
-    assert {"paper", "conservative", "adaptive", "dense"} <= set(names)
+    assert {"paper", "conservative", "auto", "dense"} <= set(names)
+    assert "adaptive" not in names  # an earlier name, still loaded (as auto), no longer listed
     assert names == sorted(p.stem for p in POLICY_DIR.glob("*.toml"))
     for name in names:
         policy = load_policy(name)
@@ -55,19 +57,65 @@ def test_paper_preset_has_the_paper_settings() -> None:
     )
 
 
-def test_conservative_and_adaptive_presets() -> None:
+def _auto_toml() -> dict[str, Any]:
+    """policies/auto.toml as written (its numbers are calibrated, so tests read them rather than repeat them)."""
+    return tomllib.loads((POLICY_DIR / "auto.toml").read_text(encoding="utf-8"))
+
+
+def test_conservative_and_auto_presets() -> None:
     conservative = load_policy("conservative")
     assert conservative.selector.keep_rate == 0.3
     selector = conservative.build_selector()
     assert isinstance(selector, DenseBelow) and selector.tokens == DEFAULT_DENSE_BELOW_TOKENS
     selector = selector.inner
     assert isinstance(selector, Protect) and selector.roles == ("system",) and not selector.last_user_turn
-    adaptive = load_policy("adaptive").build_selector()
-    assert isinstance(adaptive, Protect) and isinstance(adaptive.inner, Chunked)
-    inner = adaptive.inner.inner
-    assert isinstance(inner, Adaptive) and inner.dense_below_tokens == 1024
-    assert adaptive.decide_without_scores(Prompt.from_token_ids(range(500))) is not None
-    assert adaptive.decide_without_scores(Prompt.from_token_ids(range(2000))) is None
+    written = _auto_toml()["selector"]
+    auto = load_policy("auto").build_selector()
+    assert isinstance(auto, Protect) and isinstance(auto.inner, Chunked)
+    assert auto.inner.size == written["chunk_size"]
+    inner = auto.inner.inner
+    assert isinstance(inner, Adaptive) and inner.dense_below_tokens == written["dense_below_tokens"] > 0
+    assert (inner.coverage, inner.min_rate, inner.max_rate, inner.min_tokens) == (
+        written["coverage"],
+        written["min_rate"],
+        written["max_rate"],
+        written["min_tokens"],
+    )
+    below = written["dense_below_tokens"]
+    assert auto.decide_without_scores(Prompt.from_token_ids(range(below - 1))) is not None
+    assert auto.decide_without_scores(Prompt.from_token_ids(range(below))) is None
+
+
+def test_auto_is_the_default_policy() -> None:
+    import inspect
+
+    from specprefill_sdk import Pipeline
+    from specprefill_sdk.components import PipelineSettings
+    from specprefill_sdk.policies import DEFAULT_POLICY, load_pipeline
+    from specprefill_sdk.server import ServerConfig
+
+    assert DEFAULT_POLICY == "auto" and DEFAULT_POLICY in list_policies()
+    assert inspect.signature(load_pipeline).parameters["policy"].default == DEFAULT_POLICY
+    assert inspect.signature(Pipeline.from_policy).parameters["policy"].default == DEFAULT_POLICY
+    assert ServerConfig().policy == DEFAULT_POLICY
+    assert PipelineSettings.model_fields["policy"].default == DEFAULT_POLICY
+
+
+def test_the_adaptive_name_loads_auto_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from specprefill_sdk import policies
+
+    policies._WARNED.discard("adaptive")
+    with caplog.at_level(logging.WARNING, logger="specprefill_sdk.policies"):
+        with pytest.warns(DeprecationWarning, match="'adaptive' was replaced by 'auto'.*fewer tokens than the paper"):
+            old = load_policy("adaptive")
+        with pytest.warns(DeprecationWarning):
+            again = load_policy("adaptive")
+    assert old == again == load_policy("auto") and old.name == "auto"
+    logged = [r for r in caplog.records if "'adaptive' was replaced by 'auto'" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].levelno == logging.WARNING  # once per process, not per request
+    assert "adaptive" not in list_policies() and "adaptive" in policies.DEPRECATED_PRESETS
 
 
 def test_dense_preset_never_needs_scores() -> None:
@@ -186,15 +234,15 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
 
 
 def test_keep_rate_and_token_budget_overrides_switch_the_selector_kind() -> None:
-    adaptive = load_policy("adaptive")
-    fixed = adaptive.with_overrides(keep_rate=0.2)
+    auto = load_policy("auto")
+    fixed = auto.with_overrides(keep_rate=0.2)
     assert fixed.selector.kind == "keep-rate"
-    budget = adaptive.with_overrides(token_budget=300)
+    budget = auto.with_overrides(token_budget=300)
     assert budget.selector.kind == "token-budget"
     built = budget.build_selector()
-    assert isinstance(built, DenseBelow) and built.tokens == 1024
+    assert isinstance(built, DenseBelow) and built.tokens == _auto_toml()["selector"]["dense_below_tokens"]
     with pytest.raises(PolicyError, match="not both"):
-        adaptive.with_overrides(keep_rate=0.2, token_budget=300)
+        auto.with_overrides(keep_rate=0.2, token_budget=300)
 
 
 def test_unknown_override_lists_the_valid_keys() -> None:
@@ -370,7 +418,7 @@ def test_the_dense_below_switch_has_one_name_and_still_reads_its_earlier_one(tmp
     paper = load_policy("paper")
     assert paper.with_overrides(dense_below_tokens=512) == paper.with_overrides(min_prompt_tokens=512)
     assert paper.with_overrides(min_prompt_tokens=512).selector.dense_below_tokens == 512
-    assert load_policy("adaptive").selector.dense_below_tokens == 1024
+    assert load_policy("auto").selector.dense_below_tokens == _auto_toml()["selector"]["dense_below_tokens"]
     path = tmp_path / "old.toml"
     path.write_text("[selector]\nmin_prompt_tokens = 64\n")
     assert load_policy(path).selector.dense_below_tokens == 64
@@ -411,5 +459,6 @@ def test_the_presets_prefill_short_prompts_whole_unless_asked_otherwise() -> Non
         assert kept.decide_without_scores(Prompt.from_token_ids(range(48))) is not None
         off = policy.with_overrides(dense_below_tokens=0).build_selector()
         assert not isinstance(off, DenseBelow) and off.decide_without_scores(Prompt.from_token_ids(range(48))) is None
-    assert load_policy("adaptive").selector.dense_below_tokens == 1024  # its own, larger threshold
+    auto_below = load_policy("auto").selector.dense_below_tokens
+    assert auto_below == _auto_toml()["selector"]["dense_below_tokens"] != n  # its own threshold
     assert not isinstance(load_policy("dense").build_selector(), DenseBelow)  # dense already

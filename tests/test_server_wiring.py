@@ -103,8 +103,8 @@ def test_each_override_reaches_the_built_scorer_or_selector(engine: ServingEngin
     assert not holds, field
 
 
-def test_overrides_of_the_adaptive_policy_reach_its_selector(engine: ServingEngine) -> None:
-    pipe = engine.pipeline_for(SpecPrefillOptions(policy="adaptive", min_prompt_tokens=77, chunk_size=9, sink=2))
+def test_overrides_of_the_auto_policy_reach_its_selector(engine: ServingEngine) -> None:
+    pipe = engine.pipeline_for(SpecPrefillOptions(policy="auto", min_prompt_tokens=77, chunk_size=9, sink=2))
     assert _one(pipe.selector, Adaptive).dense_below_tokens == 77
     assert _one(pipe.selector, Chunked).size == 9 and _one(pipe.selector, Protect).sink == 2
     assert not [s for s in _stages(pipe.selector) if isinstance(s, DenseBelow)]  # the switch is Adaptive's own
@@ -157,3 +157,11 @@ def test_a_precompressed_prompt_without_its_length_decodes_after_its_last_positi
     assert completion.usage.prompt_tokens == len(ids) and completion.usage.kept_tokens == len(keep)
     same = engine.backend.generate(CompressedPrompt(tuple(kept_ids), tuple(positions), len(ids)), short.params)
     assert completion.token_ids == same.token_ids
+
+
+def test_the_earlier_adaptive_name_serves_the_auto_pipeline(engine: ServingEngine) -> None:
+    auto = engine.pipeline_for(SpecPrefillOptions(policy="auto", chunk_size=9))
+    with pytest.warns(DeprecationWarning, match="replaced by 'auto'"):
+        old = engine.pipeline_for(SpecPrefillOptions(policy="adaptive", chunk_size=9))
+    assert old is auto  # one cached pipeline for both names
+    assert "adaptive" not in engine.policies and "auto" in engine.policies

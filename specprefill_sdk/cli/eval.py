@@ -1,10 +1,13 @@
 """``specprefill eval``: RULER-style tasks, every method at every keep rate; JSON + markdown + PNG.
 
+A policy method (``policy:NAME``, ``auto``) runs once per sample: the policy picks its keep share.
+
 Example::
 
     specprefill eval --tasks niah_single qa_squad --lengths 1024 2048 --samples 2 --out results/
     specprefill eval --model qwen2.5-coder-1.5b --draft qwen2.5-coder-0.5b --keep-rates 0.1 0.2
     specprefill eval --no-generate          # evidence recall only: no target model runs
+    specprefill eval --methods draft-chunked auto policy:conservative --keep-rates 0.1 0.3
     specprefill eval --merge a.json b.json --name both   # one report over runs with other seeds
 """
 
@@ -60,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="+",
         default=list(DEFAULT_METHODS),
         metavar="METHOD",
-        help=f"methods (default: all): {', '.join(method_names())}; draft-early-N: the draft's first N layers",
+        help=f"methods (default: all): {', '.join(method_names())}; draft-early-N: the draft's first N layers; "
+        "policy:NAME: a policy preset or .toml file as users get it, run once (it picks its own keep share); "
+        "auto: policy:auto",
     )
     parser.add_argument(
         "--no-generate",

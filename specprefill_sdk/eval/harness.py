@@ -10,6 +10,10 @@ Two metrics per (sample, method, keep rate):
   appears) and ``exact`` (the first line is the answer and nothing else). The dense prompt ("full")
   is the reference.
 
+A policy method (``policy:NAME``, ``auto``) decides its own keep share: it runs once per sample, not
+at each keep rate, and its records and summary carry the keep rate `POLICY` (the share it actually
+kept is ``keep_ratio``).
+
 Example::
 
     from specprefill_sdk.eval import EvalConfig, run_eval
@@ -39,13 +43,17 @@ from .methods import DEFAULT_METHODS, Method, build_methods, is_method, method_n
 from .metrics import contains_match, evidence_recall, exact_match, token_mask_for_spans
 from .tasks import EvalSample, generate_samples, task_names
 
-__all__ = ["DEFAULT_KEEP_RATES", "EvalConfig", "EvalResult", "merge_results", "run_eval"]
+__all__ = ["DEFAULT_KEEP_RATES", "POLICY", "EvalConfig", "EvalResult", "RateKey", "merge_results", "run_eval"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_KEEP_RATES: tuple[float, ...] = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: The row name of the dense reference (every token prefilled).
 FULL = "full"
+#: The keep rate of a policy method's records and summary: the policy chose the share it kept.
+POLICY = "policy"
+#: A summary's rate key: a keep rate, or `POLICY` for a policy method.
+RateKey = float | str
 #: Positions left free at the end of the context for the answer when sizing prompts.
 _ANSWER_ROOM = 96
 
@@ -78,7 +86,7 @@ class EvalConfig:
         if bad:
             raise InvalidRequestError(
                 f"unknown method(s) {', '.join(bad)}; choose from {', '.join(method_names())}, "
-                "draft-early-N[-AGG] or target-early-N[-AGG]",
+                "draft-early-N[-AGG], target-early-N[-AGG] or policy:NAME (a preset or .toml file that loads)",
                 param="methods",
             )
         if not self.lengths or any(not isinstance(n, int) or n < 256 for n in self.lengths):
@@ -111,11 +119,11 @@ class EvalResult:
         """Means per method and keep rate: ``{method: {rate: {recall, contains, exact, keep_ratio, count}}}``.
 
         With ``by_task``: ``{task: {method: {rate: ...}}}``. The dense reference is the method
-        ``full`` at rate 1.0.
+        ``full`` at rate 1.0; a policy method has the one rate `POLICY`.
         """
-        groups: dict[tuple[str, str, float], list[dict[str, Any]]] = {}
+        groups: dict[tuple[str, str, RateKey], list[dict[str, Any]]] = {}
         for r in self.records:
-            key = (r["task"] if by_task else "", r["method"], float(r["keep_rate"]))
+            key = (r["task"] if by_task else "", r["method"], _rate_key(r["keep_rate"]))
             groups.setdefault(key, []).append(r)
         out: dict[str, Any] = {}
         for (task, method, rate), rows in groups.items():
@@ -139,7 +147,7 @@ class EvalResult:
         """The JSON form: config, environment, summary (overall and per task), samples, records, errors."""
 
         def keyed(summary: dict[str, Any]) -> dict[str, Any]:
-            return {m: {f"{rate:g}": v for rate, v in rates.items()} for m, rates in summary.items()}
+            return {m: {_rate_text(rate): v for rate, v in rates.items()} for m, rates in summary.items()}
 
         data = {
             "config": asdict(self.config),
@@ -241,6 +249,19 @@ def merge_results(results: Sequence[EvalResult]) -> EvalResult:
         merged.samples.extend(tag(x) for x in r.samples)
         merged.errors.extend(r.errors)
     return merged
+
+
+def _rate_key(value: Any) -> RateKey:
+    return POLICY if value == POLICY else float(value)
+
+
+def _rate_text(rate: RateKey) -> str:
+    return rate if isinstance(rate, str) else f"{rate:g}"
+
+
+def _rates(method: Method, config: EvalConfig) -> tuple[RateKey, ...]:
+    """The rates ``method`` runs at: every keep rate, or once (`POLICY`) for a policy that decides its share."""
+    return (POLICY,) if method.policy is not None else config.keep_rates
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -355,7 +376,7 @@ def run_eval(
 
     samples = _make_samples(config, tokenizer, target.max_context)
     result.samples = [s.to_dict() for s in samples]
-    per_sample = len(methods) * len(config.keep_rates) + (1 if config.generate else 0)
+    per_sample = sum(len(_rates(m, config)) for m in methods) + (1 if config.generate else 0)
     with _progress(progress) as bar:
         task_id = bar.add_task("evaluating", total=len(samples) * per_sample)
         for sample in samples:
@@ -375,16 +396,16 @@ def run_eval(
                 bar.advance(task_id)
             scores: dict[str, tuple[TokenScores, float] | Exception] = {}
             for method in methods:
-                for rate in config.keep_rates:
+                for rate in _rates(method, config):
                     try:
                         selection, score_ms, select_ms = _select(method, case, rate, scores, lingua)
                     except Exception as exc:
-                        logger.warning("%s failed on %s at %.2f: %s", method.name, sample.sample_id, rate, exc)
+                        logger.warning("%s failed on %s at %s: %s", method.name, sample.sample_id, _rate_text(rate), exc)
                         result.errors.append(
                             {
                                 "method": method.name,
                                 "sample": sample.sample_id,
-                                "rate": f"{rate:g}",
+                                "rate": _rate_text(rate),
                                 "error": f"{type(exc).__name__}: {exc}",
                             }
                         )
@@ -424,9 +445,17 @@ def _relabel(sample: EvalSample, length: int) -> EvalSample:
 
 
 def _select(
-    method: Method, case: _Case, rate: float, scores: dict[str, tuple[TokenScores, float] | Exception], lingua: Any
+    method: Method, case: _Case, rate: RateKey, scores: dict[str, tuple[TokenScores, float] | Exception], lingua: Any
 ) -> tuple[Selection, float | None, float]:
     prompt = case.prompt
+    if isinstance(rate, str):  # a policy's selector decides the share and takes no rate
+        assert method.scorer is not None and method.policy is not None
+        selector = method.selector(1.0)
+        if selector.decide_without_scores(prompt) is not None:
+            # Prefilled whole without the draft, as users get it: no scoring pass to time.
+            (comp,) = compress_prompts([prompt], method.scorer, selector, fallback_on_scorer_error=False)
+            return comp.selection, None, comp.select_ms
+        rate = 1.0
     if method.scorer is None:  # llmlingua selects by itself
         from ..selection import Protect
 
@@ -458,7 +487,7 @@ def _record(
     case: _Case,
     base: dict[str, Any],
     method: str,
-    rate: float,
+    rate: RateKey,
     selection: Selection,
     score_ms: float | None,
     select_ms: float | None,
@@ -481,7 +510,7 @@ def _generate(
     case: _Case,
     base: dict[str, Any],
     method: str,
-    rate: float,
+    rate: RateKey,
     selection: Selection,
     score_ms: float | None,
     select_ms: float | None,

@@ -1,8 +1,12 @@
 """The compared methods: draft-attention variants and baselines, each a scorer plus a selector.
 
-Every method keeps the same tokens by force (`Protect`: the attention sink, the generation prompt and
+Every fixed method keeps the same tokens by force (`Protect`: the attention sink, the generation prompt and
 the task's question, which the prompt marks protected), and protected tokens count toward the keep
 rate. Methods that share ``scorer_key`` share one scoring pass per sample.
+
+A policy method, ``policy:NAME`` (a preset or a ``.toml`` path; ``auto`` is short for
+``policy:auto``), is what users get from that policy: its scorer on the loaded draft and its own
+selector, which decides the keep share itself, so it runs once, not at each keep rate.
 
 Example::
 
@@ -20,12 +24,16 @@ import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import InvalidRequestError
+from ..errors import InvalidRequestError, PolicyError
 from ..interfaces import Scorer, Selector
 from ..models import LoadedModel
+from ..policies import MODEL_SCORERS
 from ..types import Aggregation
+
+if TYPE_CHECKING:
+    from ..policies import Policy
 
 __all__ = [
     "DEFAULT_METHODS",
@@ -37,6 +45,7 @@ __all__ = [
     "method_description",
     "method_names",
     "method_order",
+    "policy_of",
 ]
 
 logger = logging.getLogger(__name__)
@@ -77,6 +86,36 @@ EARLY_AGGREGATIONS: tuple[Aggregation, ...] = ("mean", "content-mean", "last-lay
 _EARLY = re.compile(r"(draft|target)-early-([1-9][0-9]*)(?:-(" + "|".join(EARLY_AGGREGATIONS) + r"))?")
 
 
+#: Method names that are short for ``policy:NAME``.
+_POLICY_SHORTHANDS: dict[str, str] = {"auto": "auto"}
+_POLICY_PREFIX = "policy:"
+
+
+def policy_of(name: str) -> str | None:
+    """The policy (a preset name or a ``.toml`` path) that method ``name`` runs, or None for another method.
+
+    ``policy:NAME`` runs policy NAME and ``auto`` is short for ``policy:auto``; whether the policy
+    exists is `method_description`'s question.
+    """
+    if name in _POLICY_SHORTHANDS:
+        return _POLICY_SHORTHANDS[name]
+    if name.startswith(_POLICY_PREFIX) and len(name) > len(_POLICY_PREFIX):
+        return name[len(_POLICY_PREFIX) :]
+    return None
+
+
+def _load(name: str) -> Policy | None:
+    from ..policies import load_policy
+
+    spec = policy_of(name)
+    if spec is None:
+        return None
+    try:
+        return load_policy(spec)
+    except PolicyError:
+        return None
+
+
 def method_names() -> list[str]:
     """Every fixed method name, in result order (``draft-early-N`` and ``target-early-N`` names come after
     ``draft-early``)."""
@@ -92,7 +131,12 @@ def _early(name: str) -> tuple[str, int, Aggregation] | None:
 
 
 def method_description(name: str) -> str | None:
-    """The one-line description of method ``name``, or None for an unknown name."""
+    """The one-line description of method ``name``, or None for an unknown name (or policy)."""
+    if policy_of(name) is not None:
+        policy = _load(name)
+        if policy is None:
+            return None
+        return f"the {policy.name} policy as users get it, keep share its own: {policy.summary()}"
     early = _early(name)
     if early:
         model, layers, aggregation = early
@@ -105,7 +149,8 @@ def method_description(name: str) -> str | None:
 
 
 def is_method(name: str) -> bool:
-    """Whether ``name`` names a method (a fixed name, ``draft-early-N[-AGG]`` or ``target-early-N[-AGG]``)."""
+    """Whether ``name`` names a method (a fixed name, ``draft-early-N[-AGG]``, ``target-early-N[-AGG]``
+    or ``policy:NAME`` / ``auto`` with a policy that loads)."""
     return method_description(name) is not None
 
 
@@ -135,6 +180,8 @@ class Method:
     """A named way of choosing kept tokens: ``scorer`` scores once, ``selector(rate)`` selects per rate.
 
     ``scorer`` is None for `llmlingua`, which selects by itself (see `specprefill_sdk.eval.llmlingua`).
+    ``policy`` is set for a policy method: its selector decides the keep share, so ``selector``
+    ignores the rate and the method runs once per sample.
     """
 
     name: str
@@ -143,6 +190,7 @@ class Method:
     scorer: Scorer | None
     selector: Callable[[float], Selector]
     uses_draft: bool
+    policy: Policy | None = None
 
 
 def _protect(inner: Any) -> Selector:
@@ -182,10 +230,13 @@ def build_methods(
     if unknown:
         raise InvalidRequestError(
             f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHOD_DESCRIPTIONS)}, "
-            f"draft-early-N[-AGG] or target-early-N[-AGG] (AGG: {', '.join(EARLY_AGGREGATIONS)})",
+            f"draft-early-N[-AGG], target-early-N[-AGG] (AGG: {', '.join(EARLY_AGGREGATIONS)}) "
+            "or policy:NAME (a preset or .toml file that loads)",
             param="methods",
         )
+    policies = {n: _load(n) for n in names if policy_of(n) is not None}
     needs_draft = [n for n in names if n.startswith("draft-") or n in ("self-info", "llmlingua")]
+    needs_draft += [n for n, p in policies.items() if p is not None and p.scorer.kind in MODEL_SCORERS]
     if needs_draft and draft is None:
         raise InvalidRequestError(f"methods {', '.join(needs_draft)} need a draft model", param="draft")
     needs_target = [n for n in names if n.startswith("target-")]
@@ -193,7 +244,9 @@ def build_methods(
         raise InvalidRequestError(f"methods {', '.join(needs_target)} need the target model", param="target")
 
     base: DraftAttentionScorer | None = None
-    if any(n.startswith("draft-") for n in names):
+    if any(n.startswith("draft-") for n in names) or any(
+        p is not None and p.scorer.kind == "draft-attention" for p in policies.values()
+    ):
         assert draft is not None
         base = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=target_tokenizer)
 
@@ -233,7 +286,10 @@ def build_methods(
     out: list[Method] = []
     for name in names:
         desc = str(method_description(name))
-        if name == "draft-early" or _EARLY.fullmatch(name):
+        policy = policies.get(name)
+        if policy is not None:
+            out.append(_policy_method(name, desc, policy, base, draft, target_tokenizer))
+        elif name == "draft-early" or _EARLY.fullmatch(name):
             out.append(early(name))
         elif name == "draft-token":
             assert base is not None
@@ -278,3 +334,59 @@ def build_methods(
         elif name == "llmlingua":
             out.append(Method(name, desc, "llmlingua", None, token_level, True))
     return out
+
+
+def _policy_scorer_key(policy: Policy, name: str) -> str:
+    """The ``scorer_key`` of a policy's scorer: a draft-attention one shares the fixed methods' keys
+    (``draft-la8-pool13`` for the paper's settings), so the same settings score once per sample."""
+    s = policy.scorer
+    if s.kind != "draft-attention":
+        return f"{name}:{s.kind}"
+    key = f"draft-la{s.look_ahead}-pool{s.pool_kernel}"
+    if s.layers is not None:
+        key += f"-layers{s.layers}"
+    if s.aggregation != "max":
+        key += f"-{s.aggregation}"
+    if s.queries != "mean":
+        key += f"-q{s.queries}"
+    return key
+
+
+def _policy_method(
+    name: str, desc: str, policy: Policy, base: Any, draft: LoadedModel | None, target_tokenizer: Any
+) -> Method:
+    """The method of ``policy``: its scorer built on the loaded draft (a variant of ``base``, the
+    shared draft-attention scorer, when it is one) and its own selector, at whatever rate it is asked."""
+    s = policy.scorer
+    scorer: Scorer
+    if s.kind == "draft-attention":
+        assert base is not None
+        if s.layers is not None and s.layers > base.depth:
+            raise InvalidRequestError(f"{name}: the draft has {base.depth} layers", param="methods")
+        wanted = {
+            "look_ahead": s.look_ahead,
+            "pool_kernel": s.pool_kernel,
+            "layers": base.depth if s.layers is None else s.layers,  # None asks for every layer
+            "aggregation": s.aggregation,
+            "queries": s.queries,
+        }
+        have = {
+            "look_ahead": base.look_ahead,
+            "pool_kernel": base.pool_kernel,
+            "layers": base.depth if base.layers is None else base.layers,
+            "aggregation": base.aggregation,
+            "queries": base.queries,
+        }
+        changes = {k: v for k, v in wanted.items() if v != have[k]}
+        scorer = base.with_options(**changes) if changes else base
+    elif s.kind in MODEL_SCORERS:
+        assert draft is not None
+        scorer = policy.build_scorer(draft, target_tokenizer=target_tokenizer)
+    else:
+        scorer = policy.build_scorer()
+    selector = policy.build_selector()
+
+    def chosen(_rate: float) -> Selector:
+        return selector
+
+    return Method(name, desc, _policy_scorer_key(policy, name), scorer, chosen, s.kind in MODEL_SCORERS, policy)

@@ -1,5 +1,8 @@
 """Write an `EvalResult` as JSON, a markdown table and a PNG plot (accuracy and recall vs keep rate).
 
+Policy methods (``policy:NAME``, ``auto``) chose their keep share: they get a table of their own
+(one row each, with the share they kept) and one marker each in the plot, at that share.
+
 Example::
 
     paths = write_report(result, "benchmarks/results", stem="eval_smollm2")
@@ -13,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .harness import FULL, EvalResult
+from .harness import FULL, POLICY, EvalResult
 from .methods import is_method, method_description, method_order
 
 __all__ = ["load_result", "markdown_report", "plot_report", "write_report"]
@@ -26,7 +29,23 @@ def _fmt(value: Any, percent: bool = True) -> str:
 
 
 def _methods(summary: dict[str, Any]) -> list[str]:
-    return method_order([m for m in summary if m != FULL])
+    """The methods measured at keep rates (neither the dense reference nor a policy)."""
+    return method_order([m for m in summary if m != FULL and POLICY not in summary[m]])
+
+
+def _policies(summary: dict[str, Any]) -> list[str]:
+    """The policy methods: measured once, at the share their policy chose."""
+    return method_order([m for m in summary if POLICY in summary[m]])
+
+
+def _policy_table(summary: dict[str, Any], judged: bool) -> list[str]:
+    metrics = ["keep_ratio", "recall"] + (["contains", "exact"] if judged else [])
+    names = {"keep_ratio": "kept share", "recall": "recall", "contains": "contains", "exact": "exact"}
+    lines = ["| policy | " + " | ".join(names[m] for m in metrics) + " |", "|---|" + "---:|" * len(metrics)]
+    for m in _policies(summary):
+        stats = summary[m][POLICY]
+        lines.append(f"| {m} | " + " | ".join(_fmt(stats.get(x)) for x in metrics) + " |")
+    return lines
 
 
 def _table(summary: dict[str, Any], rates: list[float], metric: str, with_full: bool) -> list[str]:
@@ -93,12 +112,17 @@ def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
             *_table(summary, rates, "exact", with_full=True),
         ]
     lines += ["", "## Kept share of the prompt (actual)", "", *_table(summary, rates, "keep_ratio", with_full=False)]
+    if _policies(summary):
+        lines += ["", "## Policies (each chose its keep share; run once, whatever the keep rates)", ""]
+        lines += _policy_table(summary, judged)
     by_task = result.summary(by_task=True)
     if by_task and len(cfg.tasks) > 1:
         metric = "contains" if judged else "recall"
         lines += ["", f"## Per task: {'accuracy (contains)' if judged else 'evidence recall'}", ""]
         for task, tsum in by_task.items():
             lines += [f"### {task}", "", *_table(tsum, rates, metric, with_full=judged), ""]
+            if _policies(tsum):
+                lines += [*_policy_table(tsum, judged), ""]
     if result.errors:
         lines += ["", "## Errors", ""]
         seen = set()
@@ -109,12 +133,15 @@ def markdown_report(result: EvalResult, *, command: str | None = None) -> str:
             seen.add(key)
             lines.append(f"- {e.get('method')}: {e.get('error')}")
     lines += ["", "## Methods", ""]
-    lines += [f"- `{m}`: {method_description(m)}" for m in _methods(summary) if is_method(m)]
+    lines += [f"- `{m}`: {method_description(m)}" for m in _methods(summary) + _policies(summary) if is_method(m)]
     return "\n".join(lines).rstrip() + "\n"
 
 
 def plot_report(result: EvalResult, path: str | Path) -> Path:
-    """A PNG with evidence recall (and accuracy, when generated) against the keep rate, one line per method."""
+    """A PNG with evidence recall (and accuracy, when generated) against the keep rate, one line per method.
+
+    A policy method is one star at the share it kept.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -141,6 +168,17 @@ def plot_report(result: EvalResult, path: str | Path) -> Path:
                 label=m,
                 linewidth=1.6,
                 markersize=4,
+            )
+        for j, m in enumerate(_policies(summary)):
+            stats = summary[m][POLICY]
+            ax.plot(
+                [stats["keep_ratio"]],
+                [100 * stats.get(metric, float("nan"))],
+                linestyle="none",
+                marker="*",
+                markersize=11,
+                color=cmap((len(methods) + j) % 10),
+                label=f"{m} (its own share)",
             )
         if metric == "contains" and FULL in summary:
             full = summary[FULL].get(1.0, {}).get("contains")

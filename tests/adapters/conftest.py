@@ -26,10 +26,10 @@ def paper_pipeline(smollm):
 
 @pytest.fixture(scope="session")
 def dense_pipeline(smollm):
-    """The adaptive policy: short prompts are prefilled whole, without the draft (fast chat tests)."""
+    """The auto policy: short prompts are prefilled whole, without the draft (fast chat tests)."""
     from specprefill_sdk.policies import load_pipeline
 
-    return load_pipeline("adaptive", model=smollm)
+    return load_pipeline("auto", model=smollm)
 
 
 @pytest.fixture(scope="session")

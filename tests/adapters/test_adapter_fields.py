@@ -60,7 +60,7 @@ CASES: list[tuple[dict[str, Any], Any]] = [
     ({"chunk_size": 16}, lambda p: _find(p.selector, Chunked).size == 16),
     ({"dense_below_tokens": 300}, lambda p: _find(p.selector, DenseBelow).tokens == 300),
     (
-        {"policy": "adaptive", "coverage": 0.8, "min_rate": 0.1, "max_rate": 0.6},
+        {"policy": "auto", "coverage": 0.8, "min_rate": 0.1, "max_rate": 0.6},
         lambda p: (lambda a: (a.coverage, a.min_rate, a.max_rate) == (0.8, 0.1, 0.6))(_find(p.selector, Adaptive)),
     ),
     ({"look_ahead": 4, "pool_kernel": 5}, lambda p: (p.scorer.look_ahead, p.scorer.pool_kernel) == (4, 5)),

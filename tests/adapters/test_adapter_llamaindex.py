@@ -123,7 +123,7 @@ async def test_llm_complete_chat_stream_and_async_agree(dense_pipeline) -> None:
     assert llm.metadata.is_chat_model and llm.metadata.context_window == dense_pipeline.backend.max_context
     done = llm.complete("Name a colour.")
     info = done.additional_kwargs["specprefill"]
-    assert done.text and info["kept_tokens"] == info["prompt_tokens"]  # the adaptive policy: short prompts whole
+    assert done.text and info["kept_tokens"] == info["prompt_tokens"]  # the auto policy: short prompts whole
     streamed = list(llm.stream_complete("Name a colour."))
     assert streamed[-1].text == done.text == "".join(r.delta or "" for r in streamed)
     assert (await llm.acomplete("Name a colour.")).text == done.text
