@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specprefill_sdk.errors import InvalidRequestError
-from specprefill_sdk.eval.harness import FULL, EvalConfig, EvalResult
+from specprefill_sdk.eval.harness import FULL, POLICY, EvalConfig, EvalResult
 from specprefill_sdk.eval.metrics import (
     contains_match,
     evidence_recall,
@@ -390,6 +390,143 @@ def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
     # Draft attention must find the needle better than keeping the most recent tokens at 10%.
     s = data["summary"]
     assert s["draft-chunked"]["0.1"]["recall"] >= s["recency"]["0.1"]["recall"]
+
+
+def test_policy_methods_are_named_described_and_validated(tmp_path):
+    from specprefill_sdk.eval.methods import is_method, method_description, method_order, policy_of
+
+    assert policy_of("auto") == "auto" and policy_of("policy:paper") == "paper" and policy_of("draft-chunked") is None
+    assert policy_of("policy:") is None
+    path = tmp_path / "mine.toml"
+    path.write_text("[selector]\nkeep_rate = 0.25\n")
+    assert policy_of(f"policy:{path}") == str(path) and is_method(f"policy:{path}")
+    assert "the auto policy" in str(method_description("auto"))
+    assert "keep 0.1" in str(method_description("policy:paper"))
+    assert not is_method("policy:turbo") and not is_method("policy:" + str(tmp_path / "none.toml"))
+    with pytest.raises(InvalidRequestError, match=r"policy:turbo.*policy:NAME") as info:
+        EvalConfig(methods=("draft-chunked", "policy:turbo")).validate()
+    assert info.value.param == "methods"
+    EvalConfig(methods=("auto", "policy:paper", f"policy:{path}")).validate()
+    assert method_order(["auto", "draft-chunked", "random"]) == ["draft-chunked", "random", "auto"]
+
+
+def _with_policy(result: EvalResult, seed: int) -> EvalResult:
+    """``result`` with an ``auto`` method measured once per sample, at the share it chose."""
+    result.config = EvalConfig(
+        **{**dataclasses.asdict(result.config), "methods": (*result.config.methods, "auto"), "seed": seed}
+    )
+    for task in result.config.tasks:
+        result.records.append(
+            {
+                "id": f"{task}/1024/0",
+                "task": task,
+                "method": "auto",
+                "keep_rate": POLICY,
+                "keep_ratio": 0.2 if task == "niah_single" else 0.4,
+                "recall": 1.0,
+                "contains": seed == 0,
+                "exact": False,
+            }
+        )
+    return result
+
+
+def test_a_policy_method_is_one_row_in_the_summary_report_and_merge(tmp_path):
+    from specprefill_sdk.eval import merge_results
+
+    result = _with_policy(_fake_result(), 0)
+    summary = result.summary()
+    assert set(summary["auto"]) == {POLICY}  # once, whatever the keep rates
+    assert summary["auto"][POLICY]["keep_ratio"] == pytest.approx(0.3) and summary["auto"][POLICY]["count"] == 2
+    assert result.summary(by_task=True)["qa_squad"]["auto"][POLICY]["keep_ratio"] == pytest.approx(0.4)
+    paths = write_report(result, tmp_path, stem="pol")
+    data = json.loads(paths["json"].read_text())
+    assert data["summary"]["auto"] == {"policy": data["summary"]["auto"]["policy"]}
+    assert data["summary_by_task"]["niah_single"]["auto"]["policy"]["keep_ratio"] == pytest.approx(0.2)
+    md = paths["markdown"].read_text()
+    assert "| auto | 30 | 100 | 100 | 0 |" in md  # kept share, recall, contains, exact
+    assert "| auto | 20 | 100 | 100 | 0 |" in md  # the niah_single table
+    assert not [line for line in md.splitlines() if line.startswith("| auto |") and "n/a" in line]
+    assert "- `auto`: the auto policy" in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = load_result(paths["json"])
+    assert again.summary() == summary
+    merged = merge_results([again, _with_policy(_fake_result(), 1)])
+    pooled = merged.summary()["auto"]
+    assert set(pooled) == {POLICY} and pooled[POLICY]["count"] == 4 and pooled[POLICY]["contains"] == 0.5
+    assert "| auto | 30 | 100 | 50 | 0 |" in markdown_report(merged)
+
+
+@pytest.mark.slow
+def test_policy_methods_run_once_with_what_users_get(smollm, tmp_path):
+    """``policy:paper`` scores with draft-chunked's scorer (one pass) and keeps what draft-chunked keeps at
+    the paper's rate; ``auto`` and ``policy:auto`` run once each, whatever the keep rates; --merge pools them."""
+    from specprefill_sdk.cli import eval as cli
+    from specprefill_sdk.policies import load_policy
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    common = ["--tasks", "niah_single", "--lengths", "512", "--samples", "1", "--keep-rates", "0.1", "0.3"]
+    common += ["--methods", "draft-chunked", "policy:paper", "auto", "policy:auto", "--no-progress", "--device", "cpu"]
+    common += ["--dtype", "bfloat16", "--max-new-tokens", "4", "--out", str(tmp_path), "--no-plot"]
+    for seed in (0, 1):
+        assert cli.main(parser.parse_args([*common, "--seed", str(seed), "--name", f"s{seed}"])) == 0
+    data = json.loads((tmp_path / "s0.json").read_text())
+    by = {(r["method"], r["keep_rate"]): r for r in data["records"]}
+    assert len(data["records"]) == 1 + 2 + 3  # dense, draft-chunked at 2 rates, 3 policy methods once each
+    assert {rate for (m, rate) in by if m in ("policy:paper", "auto", "policy:auto")} == {POLICY}
+    paper, chunked = by[("policy:paper", POLICY)], by[("draft-chunked", 0.1)]
+    assert paper["kept"] == chunked["kept"] and paper["recall"] == chunked["recall"]
+    assert paper["score_ms"] == chunked["score_ms"]  # the same scores: one pass for both
+    # The prompt is shorter than auto's dense threshold: prefilled whole without the draft, as users get it.
+    n = by[("auto", POLICY)]["n"]
+    assert n < load_policy("auto").selector.dense_below_tokens
+    for name in ("auto", "policy:auto"):
+        r = by[(name, POLICY)]
+        assert r["kept"] == n and r["score_ms"] is None and isinstance(r["output"], str)
+        assert set(data["summary"][name]) == {POLICY}
+    assert by[("auto", POLICY)]["output"] == by[(FULL, 1.0)]["output"]
+    md = (tmp_path / "s0.md").read_text()
+    assert sum(line.startswith("| auto |") for line in md.splitlines()) == 1
+    merge = [str(tmp_path / "s0.json"), str(tmp_path / "s1.json"), "--out", str(tmp_path), "--name", "both"]
+    assert cli.main(parser.parse_args(["--merge", *merge, "--no-plot"])) == 0
+    both = json.loads((tmp_path / "both.json").read_text())
+    assert both["summary"]["auto"]["policy"]["count"] == 2 and both["summary"]["draft-chunked"]["0.1"]["count"] == 2
+    assert sum(line.startswith("| policy:paper |") for line in (tmp_path / "both.md").read_text().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_policy_file_scoring_with_its_own_settings_keeps_its_own_share(smollm, tmp_path):
+    """A policy that compresses this prompt (dense_below_tokens = 0), scorer settings other than
+    draft-chunked's: its own scorer, its adaptive share within its bounds."""
+    from specprefill_sdk.eval import run_eval
+    from specprefill_sdk.eval.methods import build_methods
+
+    path = tmp_path / "wide.toml"
+    path.write_text(
+        "[scorer]\nlook_ahead = 2\npool_kernel = 5\n"
+        "[selector]\nkind = 'adaptive'\ncoverage = 0.5\nmin_rate = 0.2\nmax_rate = 0.4\n"
+        "dense_below_tokens = 0\nchunk_size = 8\n[protect]\nsink = 1\ntail = true\n"
+    )
+    cfg = EvalConfig(
+        tasks=("niah_single",),
+        lengths=(512,),
+        samples=1,
+        keep_rates=(0.1, 0.3),
+        methods=("draft-chunked", f"policy:{path}"),
+        generate=False,
+    )
+    result = run_eval(cfg, progress=False, target=smollm)
+    (mine,) = [r for r in result.records if r["method"] == f"policy:{path}"]
+    chunked = [r for r in result.records if r["method"] == "draft-chunked"]
+    assert mine["keep_rate"] == POLICY and mine["score_ms"] is not None
+    assert mine["score_ms"] is not None and chunked[0]["score_ms"] is not None
+    methods = build_methods(["draft-chunked", "policy:paper", f"policy:{path}"], draft=smollm)
+    assert methods[1].scorer is methods[0].scorer and methods[1].scorer_key == methods[0].scorer_key
+    own = methods[2].scorer
+    assert methods[2].scorer_key == "draft-la2-pool5" != methods[0].scorer_key
+    assert (own.look_ahead, own.pool_kernel) == (2, 5) and own.loaded is smollm  # type: ignore[union-attr]
+    assert 0.2 * mine["n"] - 8 <= mine["kept"] <= 0.4 * mine["n"] + 8
 
 
 @pytest.mark.slow

@@ -34,6 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
             MODEL,
             "--device",
             "cpu",
+            "--policy",
+            "paper",  # the tests below check the paper method's selections; auto is the default
             "--api-key",
             KEY,
             "--max-concurrency",
@@ -99,7 +101,8 @@ def test_models_advertise_the_specprefill_capability(client: openai.OpenAI, serv
     raw = httpx.get(f"{server.api}/models", headers=AUTH).json()
     capability = raw["data"][0]["specprefill"]
     assert capability["position_ids"] is True
-    assert "paper" in capability["policies"] and capability["default_policy"] == "paper"
+    assert "paper" in capability["policies"] and capability["default_policy"] == "paper"  # as --policy asked
+    assert "auto" in capability["policies"] and "adaptive" not in capability["policies"]
     assert capability["max_context"] == 8192 and capability["vocab_size"] == 49152
     assert client.models.retrieve(MODEL).id == MODEL
     with pytest.raises(openai.NotFoundError):
@@ -122,7 +125,7 @@ def test_chat_completion_compresses_and_reports_usage(client: openai.OpenAI, ser
     assert "keep-rate 0.1" in sp["reason"]  # a prompt above the dense threshold is compressed
 
 
-def test_a_short_chat_is_prefilled_whole_by_the_default_policy(client: openai.OpenAI) -> None:
+def test_a_short_chat_is_prefilled_whole_by_the_paper_policy(client: openai.OpenAI) -> None:
     from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
 
     messages = [

@@ -30,7 +30,8 @@ DENSE = {"enabled": False}  # every token kept: answers depend only on the histo
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     log = tmp_path_factory.mktemp("sessions") / "server.log"
-    args = ["--model", MODEL, "--device", "cpu", "--api-key", KEY_A, "--api-key", KEY_B, "--max-sessions", "4"]
+    args = ["--model", MODEL, "--device", "cpu", "--policy", "paper", "--api-key", KEY_A, "--api-key", KEY_B]
+    args += ["--max-sessions", "4"]
     proc = start_server([*args, "--max-output-tokens", "64"], log)
     yield proc
     proc.stop()

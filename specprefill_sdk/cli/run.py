@@ -46,7 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     policy = parser.add_argument_group("compression").add_mutually_exclusive_group()
-    policy.add_argument("--keep", type=keep_rate, metavar="RATE", help="keep this share of the prompt, in (0, 1] (the paper policy at this rate)")
+    policy.add_argument(
+        "--keep",
+        type=keep_rate,
+        metavar="RATE",
+        help="keep this share of the prompt, in (0, 1] (the paper policy at this rate)",
+    )
     policy.add_argument("--policy", default=None, metavar="NAME", help="policy preset or .toml file (default: auto)")
 
     prompt = parser.add_argument_group("prompt (one of)").add_mutually_exclusive_group()

@@ -400,7 +400,9 @@ def run_eval(
                     try:
                         selection, score_ms, select_ms = _select(method, case, rate, scores, lingua)
                     except Exception as exc:
-                        logger.warning("%s failed on %s at %s: %s", method.name, sample.sample_id, _rate_text(rate), exc)
+                        logger.warning(
+                            "%s failed on %s at %s: %s", method.name, sample.sample_id, _rate_text(rate), exc
+                        )
                         result.errors.append(
                             {
                                 "method": method.name,

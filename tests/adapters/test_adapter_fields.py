@@ -81,7 +81,8 @@ CASES: list[tuple[dict[str, Any], Any]] = [
 def test_each_policy_field_reaches_the_pipeline(component, paper_pipeline) -> None:
     assert component(pipeline=paper_pipeline).get_pipeline() is paper_pipeline  # nothing asked: as given
     for fields, check in CASES:
-        built = component(pipeline=paper_pipeline, **fields).get_pipeline()
+        # The fields apply to the named policy (auto when none is named): these checks are the paper's.
+        built = component(pipeline=paper_pipeline, **{"policy": "paper", **fields}).get_pipeline()
         assert check(built), (fields, built.selector)
         assert built.backend is paper_pipeline.backend
         assert built.scorer.loaded is paper_pipeline.scorer.loaded  # the same draft, not a second copy
@@ -152,6 +153,6 @@ def test_model_settings_with_a_ready_pipeline_are_refused(component, paper_pipel
 
 @pytest.mark.slow
 def test_chat_model_keep_rate_field_keeps_that_share(paper_pipeline, essay) -> None:
-    chat = ChatSpecPrefill(pipeline=paper_pipeline, keep_rate=0.5, max_tokens=2)
+    chat = ChatSpecPrefill(pipeline=paper_pipeline, policy="paper", keep_rate=0.5, max_tokens=2)
     info = chat.invoke(essay[:1500] + "\nWhat is the text about?").response_metadata["specprefill"]
     assert 0.4 < info["keep_ratio"] < 0.65  # the paper policy alone keeps about 10%

@@ -162,7 +162,9 @@ async def test_compressor_in_a_retriever_keeps_documents_apart(paper_pipeline, d
 @pytest.mark.slow
 def test_shared_budget_spends_one_budget_over_all_documents(paper_pipeline, documents) -> None:
     docs = [Document(page_content=t, metadata={"n": i}) for i, t in enumerate(documents)]
-    shared = SpecPrefillDocumentCompressor(pipeline=paper_pipeline, shared_budget=True, token_budget=96, gap=GAP)
+    shared = SpecPrefillDocumentCompressor(
+        pipeline=paper_pipeline, policy="paper", shared_budget=True, token_budget=96, gap=GAP
+    )
     out = shared.compress_documents(docs, QUESTION)
     assert [d.metadata["n"] for d in out] == [0, 1, 2]
     kept = sum(d.metadata["specprefill_kept_tokens"] for d in out)

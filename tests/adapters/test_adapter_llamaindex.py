@@ -106,7 +106,9 @@ async def test_postprocessor_async_and_shared_budget(paper_pipeline, documents) 
     again = await one_by_one.apostprocess_nodes(items, query_str=QUESTION)
     assert [n.node.get_content() for n in again] == [n.node.get_content() for n in sync]
 
-    shared = SpecPrefillNodePostprocessor(pipeline=paper_pipeline, shared_budget=True, token_budget=96, gap=GAP)
+    shared = SpecPrefillNodePostprocessor(
+        pipeline=paper_pipeline, policy="paper", shared_budget=True, token_budget=96, gap=GAP
+    )
     out = shared.postprocess_nodes(items, query_str=QUESTION)
     assert [n.node_id for n in out] == [n.node_id for n in items]
     assert [n.score for n in out] == [n.score for n in items]
