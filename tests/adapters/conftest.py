@@ -45,5 +45,6 @@ def server_base(smollm):
 
     from specprefill_sdk.server import ServerConfig, create_app
 
-    with serve_in_thread(create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16"))) as base:
+    config = ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", policy="paper")
+    with serve_in_thread(create_app(config)) as base:
         yield base

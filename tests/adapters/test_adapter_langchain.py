@@ -19,6 +19,7 @@ from specprefill_langchain import (
     SpecPrefillMessageCompressor,
 )
 from specprefill_sdk.errors import InvalidRequestError
+from specprefill_sdk.policies import load_policy
 
 QUESTION = "Where is the Louvre and what does it hold?"
 
@@ -83,15 +84,15 @@ def test_token_counts_come_from_the_pipeline_s_tokenizer(paper_pipeline, tokeniz
 
 @pytest.mark.slow
 def test_the_default_chat_model_prefills_a_short_chat_whole_and_compresses_a_long_one(essay) -> None:
-    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
-
-    chat = ChatSpecPrefill(**MODEL_SETTINGS, max_tokens=4)  # the default policy, as users get it
+    auto = load_policy("auto").selector
+    chat = ChatSpecPrefill(**MODEL_SETTINGS, max_tokens=4)  # the default policy (auto), as users get it
     info = chat.invoke(list(SHORT_CHAT)).response_metadata["specprefill"]
-    assert 32 < info["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS
+    assert 32 < info["prompt_tokens"] < auto.dense_below_tokens
     assert info["kept_tokens"] == info["prompt_tokens"] and info["score_ms"] == 0
-    assert info["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens"
-    long = chat.invoke([("human", essay[:2000] + "\nWhat is the text about?")]).response_metadata["specprefill"]
-    assert long["prompt_tokens"] > DEFAULT_DENSE_BELOW_TOKENS and long["kept_tokens"] < 0.3 * long["prompt_tokens"]
+    assert f"adaptive: dense below {auto.dense_below_tokens} tokens" in info["reason"]
+    long = chat.invoke([("human", essay + "\nWhat is the text about?")]).response_metadata["specprefill"]
+    assert long["prompt_tokens"] >= auto.dense_below_tokens
+    assert long["kept_tokens"] <= auto.max_rate * long["prompt_tokens"] + auto.chunk_size  # its ceiling
 
 
 @pytest.mark.slow
@@ -110,7 +111,11 @@ async def test_chat_model_stream_and_async_agree_with_invoke(dense_pipeline) -> 
 @pytest.mark.slow
 async def test_chat_model_over_http_sends_exact_positions(server_base, essay) -> None:
     chat = ChatSpecPrefill(
-        **MODEL_SETTINGS, base_url=f"{server_base}/v1", policy_overrides={"keep_rate": 0.3}, max_tokens=4
+        **MODEL_SETTINGS,
+        base_url=f"{server_base}/v1",
+        policy="paper",
+        policy_overrides={"keep_rate": 0.3},
+        max_tokens=4,
     )
     messages = [HumanMessage(essay[:1000] + "\nWhat is the text about?")]
     assert chat.get_pipeline().backend.mode == "positions"  # our server takes kept ids at their positions

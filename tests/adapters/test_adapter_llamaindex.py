@@ -142,15 +142,17 @@ async def test_llm_complete_chat_stream_and_async_agree(dense_pipeline) -> None:
 
 @pytest.mark.slow
 def test_the_default_llm_prefills_a_short_chat_whole_and_compresses_a_long_one(essay) -> None:
-    from specprefill_sdk.policies import DEFAULT_DENSE_BELOW_TOKENS
+    from specprefill_sdk.policies import load_policy
 
-    llm = SpecPrefillLLM(model="smollm2-135m", max_tokens=4)  # the default policy, as users get it
+    auto = load_policy("auto").selector
+    llm = SpecPrefillLLM(model="smollm2-135m", max_tokens=4)  # the default policy (auto), as users get it
     reply = llm.chat([ChatMessage(role=role, content=text) for role, text in SHORT_CHAT])
     info = reply.additional_kwargs["specprefill"]
-    assert 32 < info["prompt_tokens"] < DEFAULT_DENSE_BELOW_TOKENS and info["kept_tokens"] == info["prompt_tokens"]
-    assert info["reason"] == f"dense below {DEFAULT_DENSE_BELOW_TOKENS} tokens"
-    long = llm.complete(essay[:2000] + "\nWhat is the text about?").additional_kwargs["specprefill"]
-    assert long["prompt_tokens"] > DEFAULT_DENSE_BELOW_TOKENS and long["kept_tokens"] < 0.3 * long["prompt_tokens"]
+    assert 32 < info["prompt_tokens"] < auto.dense_below_tokens and info["kept_tokens"] == info["prompt_tokens"]
+    assert f"adaptive: dense below {auto.dense_below_tokens} tokens" in info["reason"]
+    long = llm.complete(essay + "\nWhat is the text about?").additional_kwargs["specprefill"]
+    assert long["prompt_tokens"] >= auto.dense_below_tokens
+    assert long["kept_tokens"] <= auto.max_rate * long["prompt_tokens"] + auto.chunk_size  # its ceiling
 
 
 @pytest.mark.slow
