@@ -66,7 +66,7 @@ specprefill = st.fixed_dictionaries(
     {},
     optional={
         "enabled": st.one_of(st.booleans(), json_values),
-        "policy": st.one_of(st.sampled_from(["paper", "adaptive", "dense", "nope", ""]), json_values),
+        "policy": st.one_of(st.sampled_from(["paper", "auto", "adaptive", "dense", "nope", ""]), json_values),
         "keep_rate": rates,
         "token_budget": small_ints,
         "chunk_size": small_ints,
