@@ -556,6 +556,21 @@ def test_eval_is_deterministic_for_a_seed(smollm):
         )
 
 
+def test_no_dense_skips_only_the_full_answers(smollm):
+    from specprefill_sdk.eval import merge_results, run_eval
+
+    common = {"tasks": ("niah_single",), "lengths": (256,), "samples": 1, "keep_rates": (0.3,), "seed": 3}
+    cfg = EvalConfig(methods=("recency",), max_new_tokens=4, **common)
+    with_dense = run_eval(cfg, progress=False, target=smollm)
+    without = run_eval(dataclasses.replace(cfg, dense=False), progress=False, target=smollm)
+    assert [r["method"] for r in with_dense.records] == ["full", "recency"]
+    assert [r["method"] for r in without.records] == ["recency"]
+    strip = [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in without.records]
+    assert strip == [{k: v for k, v in r.items() if not k.endswith("_ms")} for r in with_dense.records[1:]]
+    with pytest.raises(InvalidRequestError, match="differ in dense"):
+        merge_results([with_dense, dataclasses.replace(without, config=dataclasses.replace(without.config, seed=4))])
+
+
 @pytest.mark.slow
 def test_new_scoring_methods_build_and_run_on_smollm2(smollm):
     from specprefill_sdk.eval import run_eval

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_false",
         help="measure evidence recall only (the target does not answer)",
     )
+    parser.add_argument(
+        "--no-dense",
+        dest="dense",
+        action="store_false",
+        help="skip the dense answers (the 'full' rows), e.g. when another run on the same samples has them",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=None, help="answer length (default: per task)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the samples and the random baseline")
     parser.add_argument("--out", default="eval-results", help="output folder (default: eval-results)")
@@ -101,6 +107,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         keep_rates=tuple(args.keep_rates),
         methods=tuple(args.methods),
         generate=args.generate,
+        dense=args.dense,
         seed=args.seed,
         device=args.device,
         dtype=args.dtype,

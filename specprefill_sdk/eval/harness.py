@@ -70,6 +70,8 @@ class EvalConfig:
     keep_rates: tuple[float, ...] = DEFAULT_KEEP_RATES
     methods: tuple[str, ...] = DEFAULT_METHODS
     generate: bool = True
+    #: answer the dense prompt too (the ``full`` rows); off when another run on the same samples has them
+    dense: bool = True
     seed: int = 0
     device: str = "auto"
     dtype: str = "auto"
@@ -195,7 +197,18 @@ class EvalResult:
 
 
 #: what runs must share to be merged (the samples may differ: other seeds)
-_MERGE_FIELDS = ("model", "draft", "tasks", "lengths", "keep_rates", "methods", "generate", "dtype", "max_new_tokens")
+_MERGE_FIELDS = (
+    "model",
+    "draft",
+    "tasks",
+    "lengths",
+    "keep_rates",
+    "methods",
+    "generate",
+    "dense",
+    "dtype",
+    "max_new_tokens",
+)
 
 
 def merge_results(results: Sequence[EvalResult]) -> EvalResult:
@@ -376,7 +389,8 @@ def run_eval(
 
     samples = _make_samples(config, tokenizer, target.max_context)
     result.samples = [s.to_dict() for s in samples]
-    per_sample = sum(len(_rates(m, config)) for m in methods) + (1 if config.generate else 0)
+    answers_dense = config.generate and config.dense
+    per_sample = sum(len(_rates(m, config)) for m in methods) + (1 if answers_dense else 0)
     with _progress(progress) as bar:
         task_id = bar.add_task("evaluating", total=len(samples) * per_sample)
         for sample in samples:
@@ -389,7 +403,7 @@ def run_eval(
                 "n": case.prompt.n,
                 "evidence_tokens": sum(case.evidence),
             }
-            if backend is not None:
+            if backend is not None and answers_dense:
                 result.records.append(
                     _generate(backend, config, case, base, FULL, 1.0, Selection.keep_all(case.prompt.n), 0.0, None)
                 )
