@@ -119,7 +119,8 @@ def _summarise(cell: dict[str, Any], answered: list[str], dense: dict[str, Any] 
     kept = [t for t in answered if t in per_task]
     cell["accuracy"] = _mean([per_task[t]["contains"] for t in kept])
     cell["keep_ratio"] = _mean([per_task[t]["keep_ratio"] for t in kept])
-    cell["keep_ratios"] = [v for t in kept for v in cell.pop("shares")[t]]
+    shares = cell.pop("shares")
+    cell["keep_ratios"] = [v for t in kept for v in shares[t]]
     cell["recall"] = _mean([per_task[t]["recall"] for t in kept])
     dense_acc = _mean([dense["per_task"][t]["contains"] for t in kept]) if dense else math.nan
     cell["relative"] = cell["accuracy"] / dense_acc if dense_acc and not math.isnan(dense_acc) else None
