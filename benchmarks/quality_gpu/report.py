@@ -94,14 +94,20 @@ def tabulate(records: list[dict[str, Any]]) -> dict[str, Any]:
             t["samples"].append(r["sample"])
         for cell in cells.values():
             cell["shares"] = {t: list(d["keep_ratio"]) for t, d in cell["tasks"].items()}
+            cell["seen"] = {t: list(d["samples"]) for t, d in cell["tasks"].items()}
             cell["per_task"] = {
                 t: {k: _mean(v) for k, v in d.items() if k != "samples"} | {"count": len(d["contains"])}
                 for t, d in cell.pop("tasks").items()
             }
         dense = cells.get("full@1")
         answered = [t for t in tasks if dense and _mean([dense["per_task"].get(t, {}).get("contains", 0.0)]) > 0]
+        dense_by_sample = {
+            r["sample"]: 1.0 if r.get("contains") else 0.0
+            for r in rows
+            if r["method"] == "full" and rate_label(r) == "1"
+        }
         for cell in cells.values():
-            _summarise(cell, answered, dense)
+            _summarise(cell, answered, dense_by_sample)
         ns = [int(r["n"]) for r in rows if r["method"] == "full"]
         out[str(length)] = {
             "tasks": tasks,
@@ -113,8 +119,12 @@ def tabulate(records: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _summarise(cell: dict[str, Any], answered: list[str], dense: dict[str, Any] | None) -> None:
-    """Means over the tasks dense answers; ``relative`` against dense on those same tasks."""
+def _summarise(cell: dict[str, Any], answered: list[str], dense: dict[str, float]) -> None:
+    """Means over the tasks dense answers; ``relative`` against dense on those tasks and the cell's own samples.
+
+    ``dense`` maps a sample to dense's ``contains`` on it: a method run on fewer samples than dense
+    (one seed of two) is compared with dense's accuracy on those samples, not on all of dense's.
+    """
     per_task = cell["per_task"]
     kept = [t for t in answered if t in per_task]
     cell["accuracy"] = _mean([per_task[t]["contains"] for t in kept])
@@ -122,7 +132,8 @@ def _summarise(cell: dict[str, Any], answered: list[str], dense: dict[str, Any] 
     shares = cell.pop("shares")
     cell["keep_ratios"] = [v for t in kept for v in shares[t]]
     cell["recall"] = _mean([per_task[t]["recall"] for t in kept])
-    dense_acc = _mean([dense["per_task"][t]["contains"] for t in kept]) if dense else math.nan
+    seen = cell.pop("seen")
+    dense_acc = _mean([_mean([dense[s] for s in seen[t] if s in dense]) for t in kept])
     cell["relative"] = cell["accuracy"] / dense_acc if dense_acc and not math.isnan(dense_acc) else None
     cell["samples_per_task"] = sorted({int(per_task[t]["count"]) for t in per_task})
 
