@@ -48,7 +48,8 @@ def table(records: list[dict[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r["method"] in methods:
             by_method[r["method"]][r["sample"]] = r
-    common = set.intersection(*(set(v) for v in by_method.values())) if by_method else set()
+    # sorted, so that the sums and the task counts come out in the same order on every run
+    common = sorted(set.intersection(*(set(v) for v in by_method.values()))) if by_method else []
     rows = []
     for method, samples in by_method.items():
         match = _NAME.fullmatch(method)
@@ -72,7 +73,7 @@ def table(records: list[dict[str, Any]]) -> dict[str, Any]:
     tasks: dict[str, int] = defaultdict(int)
     for sample in common:
         tasks[next(iter(by_method.values()))[sample]["task"]] += 1
-    return {"rows": rows, "samples": len(common), "samples_per_task": dict(tasks)}
+    return {"rows": rows, "samples": len(common), "samples_per_task": dict(sorted(tasks.items()))}
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
