@@ -363,6 +363,11 @@ def scorer_configs(args: argparse.Namespace) -> list[ScorerConfig]:
     return configs
 
 
+def _overhead_cell(ms: float | None) -> str:
+    """The report's overhead column: the measured milliseconds, or a dash where none was measured."""
+    return "-" if ms is None else f"{ms:.1f}"
+
+
 def warm_summary(pipe: Pipeline, seconds: float) -> dict[str, Any]:
     """What building a pipeline cost (``seconds``: construction and warm-up) and what its warm-up did."""
     done = pipe.warmed_up
@@ -378,6 +383,9 @@ def warm_summary(pipe: Pipeline, seconds: float) -> dict[str, Any]:
                     "cost_abc": [cost.a, cost.b, cost.c],
                 }
     out["cost_model"] = pipe.cost_model is not None
+    # the per-request overhead the warm-up measured (None: not measured)
+    overhead = None if done is None else done.overhead
+    out["overhead_ms"] = None if overhead is None else overhead.overhead_ms
     return out
 
 
@@ -852,17 +860,17 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "## Building the stages (what a user pays at load)",
             "",
-            "| pair | scorer | seconds | compiled | warmed up | cost model |",
-            "|---|---|---:|---|---|---|",
+            "| pair | scorer | seconds | compiled | warmed up | cost model | overhead ms |",
+            "|---|---|---:|---|---|---|---:|",
         ]
         for pair, parts in warm.items():
             for label, w in parts.items():
                 if isinstance(w, dict):
                     lines.append(
                         f"| {pair} | {label} | {w['seconds']:.1f} | {w['compiled']} | {w['warmed_up']} "
-                        f"| {w['cost_model']} |"
+                        f"| {w['cost_model']} | {_overhead_cell(w.get('overhead_ms'))} |"
                     )
-            lines.append(f"| {pair} | all | {parts.get('total_s', float('nan')):.1f} | | | |")
+            lines.append(f"| {pair} | all | {parts.get('total_s', float('nan')):.1f} | | | | |")
     cells = measured_cells(result)
     if cells:
         direct = any("e2e_direct_ms" in c for _, c in cells)

@@ -8,7 +8,11 @@ is the per-pass overhead, the look-ahead steps of the scorer among it, the linea
 work, the square the attention's). `CostModel.decide` compares, for a prompt of ``n`` tokens of
 which the selector will keep ``k``::
 
-    score(n) + prefill(k)  >=  prefill(n)   ->  prefill densely (fallback "slower_than_dense")
+    score(n) + prefill(k) + overhead  >=  prefill(n)   ->  prefill densely (fallback "slower_than_dense")
+
+``overhead`` is what a compressed request costs beyond its two passes (the selection, the kept
+prefill's mask at the original positions, the host's work between the passes); `Pipeline.warmup`
+measures it once, end to end, after the curves (`OverheadReport`).
 
 Example::
 
@@ -19,6 +23,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -34,12 +39,17 @@ from .errors import InvalidRequestError
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "OVERHEAD_MAX_TOKENS",
     "SLOWER_THAN_DENSE",
     "CostCurve",
     "CostDecision",
     "CostModel",
+    "OverheadReport",
     "WarmUpReport",
+    "best_time_ms",
+    "is_cuda",
     "measure_curve",
+    "overhead_length",
     "warm_up",
     "warmup_lengths",
     "warmup_token_ids",
@@ -55,6 +65,10 @@ SLOWER_THAN_DENSE = "slower_than_dense"
 CUDA_LENGTHS = (1024, 4096, 16384)
 #: Elsewhere: a CPU's passes cost seconds at a few thousand tokens, so shorter ones.
 CPU_LENGTHS = (128, 512, 1024)
+#: The longest warm-up length at which `Pipeline.warmup` measures the overhead of a compressed
+#: request (`overhead_length`): the overhead is a fixed cost per request, so a mid-sized prompt shows
+#: it as well as a long one and costs the warm-up less.
+OVERHEAD_MAX_TOKENS = 4096
 #: The text the warm-up's prompts repeat (a plain sentence: no template, no special tokens).
 WARMUP_SENTENCE = "The keeper of the lighthouse wrote down the wind, the tide and every passing ship. "
 
@@ -135,18 +149,21 @@ class CostDecision:
     dense_ms: float
     score_ms: float
     kept_ms: float
+    #: the per-request overhead of a compressed request (`CostModel.overhead_ms`)
+    overhead_ms: float = 0.0
 
     @property
     def dense(self) -> bool:
-        """True when scoring plus the kept prefill would not beat the dense prefill."""
-        return self.score_ms + self.kept_ms >= self.dense_ms
+        """True when scoring plus the kept prefill plus the overhead would not beat the dense prefill."""
+        return self.score_ms + self.kept_ms + self.overhead_ms >= self.dense_ms
 
     @property
     def reason(self) -> str:
-        """The fallback text: ``slower_than_dense: ...`` with the three estimates."""
+        """The fallback text: ``slower_than_dense: ...`` with the estimates (the overhead when it is not 0)."""
+        overhead = f" + overhead {self.overhead_ms:.1f} ms" if self.overhead_ms else ""
         return (
             f"{SLOWER_THAN_DENSE}: scoring {self.score_ms:.1f} ms + prefill of {self.kept} kept tokens "
-            f"{self.kept_ms:.1f} ms >= dense prefill of {self.n} tokens {self.dense_ms:.1f} ms (estimated)"
+            f"{self.kept_ms:.1f} ms{overhead} >= dense prefill of {self.n} tokens {self.dense_ms:.1f} ms (estimated)"
         )
 
 
@@ -155,18 +172,52 @@ class CostModel:
     """The target's dense prefill (``prefill``) and the draft's scoring (``score``) on this hardware.
 
     The prefill of ``k`` kept tokens at their original positions costs what a dense prefill of ``k``
-    tokens costs (the same pass over fewer tokens), so one curve serves both.
+    tokens costs (the same pass over fewer tokens), so one curve serves both. ``overhead_ms`` is the
+    measured extra cost of one compressed request beyond scoring and the kept prefill (selecting,
+    the kept prefill's position ids and mask, the host's work between the passes): a constant per
+    request, measured by `Pipeline.warmup` (`OverheadReport`); 0 when not measured.
     """
 
     prefill: CostCurve
     score: CostCurve
+    overhead_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        value = self.overhead_ms
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise InvalidRequestError(f"overhead_ms must be a number >= 0, got {value!r}", param="overhead_ms")
 
     def decide(self, n: int, kept: int) -> CostDecision:
         """The estimates for a prompt of ``n`` tokens of which ``kept`` would be prefilled."""
         kept = max(0, min(int(kept), int(n)))
         return CostDecision(
-            n=int(n), kept=kept, dense_ms=self.prefill(n), score_ms=self.score(n), kept_ms=self.prefill(kept)
+            n=int(n),
+            kept=kept,
+            dense_ms=self.prefill(n),
+            score_ms=self.score(n),
+            kept_ms=self.prefill(kept),
+            overhead_ms=float(self.overhead_ms),
         )
+
+
+@dataclass(frozen=True)
+class OverheadReport:
+    """`Pipeline.warmup`'s measurement of the overhead of a compressed request.
+
+    One warm-up prompt of ``n`` tokens ran the compressed path end to end (scoring, selecting,
+    the prefill of its ``kept`` tokens, one generated token) in ``request_ms``; the curves estimate
+    ``estimated_ms`` for its scoring and kept prefill; ``overhead_ms`` is the rest, at least 0.
+    """
+
+    n: int
+    kept: int
+    request_ms: float
+    estimated_ms: float
+
+    @property
+    def overhead_ms(self) -> float:
+        """``request_ms - estimated_ms``, or 0 when the curves estimate more than the request took."""
+        return max(0.0, self.request_ms - self.estimated_ms)
 
 
 @dataclass(frozen=True)
@@ -205,28 +256,49 @@ def warmup_token_ids(tokenizer: Any, n: int) -> list[int]:
     return (sentence * (n // len(sentence) + 1))[:n]
 
 
-def measure_curve(run: Callable[[int], object], lengths: Sequence[int], device: Any, *, warm: bool) -> CostCurve:
-    """Time ``run(n)`` at each length and fit a `CostCurve` to the times.
+def overhead_length(lengths: Sequence[int], cap: int = OVERHEAD_MAX_TOKENS) -> int | None:
+    """The prompt length at which to measure the overhead: the longest of ``lengths`` not above ``cap``.
 
-    ``warm``: run each length once untimed first (what compiles, captures a CUDA graph or picks a
-    kernel does it then) and keep the faster of two timed runs. On a CUDA device the clock is read
-    after the device has finished.
+    When every length is above ``cap``, the shortest of them; None when there is none.
     """
-    sync = torch.cuda.synchronize if (getattr(device, "type", None) or str(device)).startswith("cuda") else None
-    points = []
-    for n in lengths:
-        if warm:
-            run(n)
-        best = math.inf
-        for _ in range(2 if warm else 1):
-            if sync is not None:
-                sync(device)
-            t0 = time.perf_counter()
-            run(n)
-            if sync is not None:
-                sync(device)
-            best = min(best, (time.perf_counter() - t0) * 1000.0)
-        points.append((int(n), best))
+    below = [n for n in lengths if n <= cap]
+    if below:
+        return max(below)
+    return min(lengths, default=None)
+
+
+def is_cuda(device: Any) -> bool:
+    """Whether ``device`` (a `torch.device` or its string) is a CUDA device."""
+    return (getattr(device, "type", None) or str(device)).startswith("cuda")
+
+
+def best_time_ms(run: Callable[[], object], device: Any, *, warm: bool) -> float:
+    """The milliseconds ``run()`` takes: one run, or with ``warm`` the faster of two after an untimed one.
+
+    The untimed run is where what compiles, captures a CUDA graph or picks a kernel does it. On a
+    CUDA device the clock is read after the device has finished.
+    """
+    sync = torch.cuda.synchronize if is_cuda(device) else None
+    if warm:
+        run()
+    best = math.inf
+    for _ in range(2 if warm else 1):
+        if sync is not None:
+            sync(device)
+        t0 = time.perf_counter()
+        run()
+        if sync is not None:
+            sync(device)
+        best = min(best, (time.perf_counter() - t0) * 1000.0)
+    return best
+
+
+def measure_curve(run: Callable[[int], object], lengths: Sequence[int], device: Any, *, warm: bool) -> CostCurve:
+    """Time ``run(n)`` at each length (`best_time_ms`) and fit a `CostCurve` to the times.
+
+    ``warm``: run each length once untimed first and keep the faster of two timed runs.
+    """
+    points = [(int(n), best_time_ms(functools.partial(run, n), device, warm=warm)) for n in lengths]
     return CostCurve.fit(points)
 
 
@@ -239,7 +311,7 @@ def warm_up(
     the pass in the log line (``"dense prefill"``, ``"scoring"``).
     """
     started = time.perf_counter()
-    cost = measure_curve(run, lengths, device, warm=(getattr(device, "type", None) or str(device)) == "cuda")
+    cost = measure_curve(run, lengths, device, warm=is_cuda(device))
     report = WarmUpReport(repr(component), time.perf_counter() - started, cost, compiled)
     logger.info(
         "warmed up %s in %.1f s (%s): %s %s",

@@ -26,9 +26,17 @@ from opentelemetry import context as otel_context
 
 from ._aio import chunks_in_threads
 from ._timing import elapsed_ms
-from .cost import CostModel, WarmUpReport
+from .cost import (
+    CostModel,
+    OverheadReport,
+    WarmUpReport,
+    best_time_ms,
+    is_cuda,
+    overhead_length,
+    warmup_token_ids,
+)
 from .errors import ContextTooLongError, InvalidRequestError, RequestCancelledError
-from .interfaces import Backend, Calibrated, KeepEstimating, Scorer, Selector
+from .interfaces import Backend, Calibrated, KeepEstimating, LocalBackend, Scorer, Selector
 from .prompt import PromptInput, ToolsInput, build_prompt
 from .tracing import Finish, StageTrace, Telemetry, draft_name
 from .types import (
@@ -128,11 +136,18 @@ def compress_prompts(
 
 @dataclass(frozen=True)
 class PipelineWarmUp:
-    """What `Pipeline.warmup` did: each stage's warm-up (None: the stage has none) and the seconds in all."""
+    """What `Pipeline.warmup` did: each stage's warm-up (None: the stage has none) and the seconds in all.
+
+    ``overhead``: the measured overhead of a compressed request beyond its scoring and kept prefill
+    (`OverheadReport`, counted by `Pipeline.cost_model`); None where it was not measured (no cost
+    model, ``dense_when_slower`` off, a selector that does not say how much it keeps, or no warm-up
+    length at which it compresses).
+    """
 
     seconds: float
     backend: WarmUpReport | None
     scorer: WarmUpReport | None
+    overhead: OverheadReport | None = None
 
     @property
     def compiled(self) -> bool:
@@ -180,13 +195,19 @@ class Pipeline:
 
     @property
     def cost_model(self) -> CostModel | None:
-        """The backend's and the scorer's measured costs (`warmup`), or None: one of them is not measured."""
+        """The backend's and the scorer's measured costs (`warmup`), or None: one of them is not measured.
+
+        Its ``overhead_ms`` is what `warmup` measured (`PipelineWarmUp.overhead`), 0 where it did not.
+        """
         backend, scorer = self.backend, self.scorer
         if not (isinstance(backend, Calibrated) and isinstance(scorer, Calibrated)):
             return None
         if backend.cost is None or scorer.cost is None:
             return None
-        return CostModel(prefill=backend.cost, score=scorer.cost)
+        overhead = None if self.warmed_up is None else self.warmed_up.overhead
+        return CostModel(
+            prefill=backend.cost, score=scorer.cost, overhead_ms=0.0 if overhead is None else overhead.overhead_ms
+        )
 
     @property
     def compiled(self) -> bool:
@@ -202,6 +223,12 @@ class Pipeline:
         A stage that is not `Calibrated` (an HTTP backend, a baseline scorer) is left as it is; one
         that has warmed up already (shared with another pipeline) is not run again unless ``lengths``
         are given.
+
+        Where the check is in use, one compressed request (a warm-up prompt of the longest measured
+        length not above `specprefill_sdk.cost.OVERHEAD_MAX_TOKENS` at which the selector scores,
+        one generated token, the check bypassed) is then timed end to end like the stages' passes;
+        what it costs beyond the curves' scoring and kept prefill is the cost model's overhead
+        (`PipelineWarmUp.overhead`). It runs as any request does, recording no spans or metrics.
         """
         started = time.perf_counter()
 
@@ -213,13 +240,60 @@ class Pipeline:
             return part.warmup(lengths)
 
         backend, scorer = warm(self.backend), warm(self.scorer)
-        self.warmed_up = PipelineWarmUp(time.perf_counter() - started, backend, scorer)
-        logger.info(
-            "warmed up the pipeline in %.1f s%s",
-            self.warmed_up.seconds,
-            "" if self.cost_model is None else "; dense prefill is chosen where scoring would not pay",
-        )
+        overhead = self._measure_overhead(backend, scorer)
+        self.warmed_up = PipelineWarmUp(time.perf_counter() - started, backend, scorer, overhead)
+        checked = "" if self.cost_model is None else "; dense prefill is chosen where scoring would not pay"
+        if overhead is not None:
+            checked += (
+                f" (a compressed request of {overhead.n} tokens took {overhead.request_ms:.1f} ms, "
+                f"overhead {overhead.overhead_ms:.1f} ms beyond scoring and the prefill of {overhead.kept} kept tokens)"
+            )
+        logger.info("warmed up the pipeline in %.1f s%s", self.warmed_up.seconds, checked)
         return self.warmed_up
+
+    def _measure_overhead(self, backend: WarmUpReport | None, scorer: WarmUpReport | None) -> OverheadReport | None:
+        """Time one compressed warm-up request end to end against the curves' estimate (see `warmup`)."""
+        cost = self.cost_model
+        selector = self.selector
+        if cost is None or not self.dense_when_slower or not isinstance(selector, KeepEstimating):
+            return None
+        if backend is None or scorer is None or not backend.cost.points or not scorer.cost.points:
+            return None
+        # lengths both curves were measured up to, so that the estimate interpolates
+        longest_scored = max(n for n, _ in scorer.cost.points)
+        ids = warmup_token_ids(self.backend.tokenizer, max(n for n, _ in backend.cost.points))
+        candidates = [
+            n
+            for n, _ in backend.cost.points
+            if n <= longest_scored and selector.decide_without_scores(Prompt.from_token_ids(ids[:n])) is None
+        ]
+        n = overhead_length(candidates)
+        if n is None:
+            logger.debug("no warm-up length is compressed by %s: the per-request overhead is not measured", selector)
+            return None
+        prompt = Prompt.from_token_ids(ids[:n])
+        kept: list[int] = []
+
+        def run() -> None:
+            kept.append(self._request_unchecked(prompt, SamplingParams(max_tokens=1)).usage.kept_tokens)
+
+        # The target's device: the draft's scores reach the host before the selection, so the end
+        # of the target's work is the end of the request.
+        device = self.backend.device if isinstance(self.backend, LocalBackend) else None
+        request_ms = best_time_ms(run, device, warm=is_cuda(device))
+        verdict = cost.decide(n, kept[-1])
+        return OverheadReport(n, verdict.kept, request_ms, verdict.score_ms + verdict.kept_ms)
+
+    def _request_unchecked(self, prompt: Prompt, params: SamplingParams) -> Completion:
+        """`generate` without the ``dense_when_slower`` check, a scorer error raised, and nothing traced."""
+        t0 = time.perf_counter()
+        trace = StageTrace.off()
+
+        def compress() -> Compression:
+            scorer, selector = self.scorer, self.selector
+            return compress_prompts([prompt], scorer, selector, trace=trace, fallback_on_scorer_error=False)[0]
+
+        return trace.generate(prompt, params, None, compress, self.backend.generate, functools.partial(self.finish, t0))
 
     @property
     def trace(self) -> StageTrace:

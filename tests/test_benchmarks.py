@@ -75,6 +75,10 @@ def test_ttft_gpu_reads_the_fallback_of_a_warmed_up_pipeline(tmp_path):
         tmp_path, "warm", "--mode", "default", "--warmup", "always", "--look-aheads", "8", "--keep-rates", "0.1"
     )
     assert result["warmup"]["llama"]["la8"]["cost_model"] is True
+    # the paper preset compresses the longest CPU warm-up prompt: its overhead is measured and reported
+    overhead = result["warmup"]["llama"]["la8"]["overhead_ms"]
+    assert isinstance(overhead, float) and overhead >= 0.0
+    assert "| overhead ms |" in (tmp_path / "warm.md").read_text()
     (cell,) = [c for row in result["rows"] for c in row.get("cells", [])]
     if cell["fallback"] is None:
         assert 0 < cell["kept_by_pipeline"] < 256, cell

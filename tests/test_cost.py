@@ -9,6 +9,7 @@ ones on the CPU.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -18,7 +19,16 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from specprefill_sdk import ExecutionSettings, InvalidRequestError, Pipeline
 from specprefill_sdk.backends import TransformersBackend
-from specprefill_sdk.cost import SLOWER_THAN_DENSE, CostCurve, CostModel, warmup_lengths
+from specprefill_sdk.cost import (
+    OVERHEAD_MAX_TOKENS,
+    SLOWER_THAN_DENSE,
+    CostCurve,
+    CostDecision,
+    CostModel,
+    OverheadReport,
+    overhead_length,
+    warmup_lengths,
+)
 from specprefill_sdk.interfaces import Calibrated, KeepEstimating
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.runtime.settings import COMPILE_ENV, compile_enabled
@@ -118,6 +128,39 @@ def test_the_decision_against_hand_computed_costs() -> None:
     verdict = quadratic.decide(1000, kept=500)  # 50 + 25 = 75 ms against 100 ms
     assert verdict.kept_ms == pytest.approx(25.0) and not verdict.dense
     assert model.decide(10, kept=50).kept == 10  # never more kept than the prompt has
+
+
+def test_the_overhead_is_counted_and_flips_the_decision_at_its_boundary() -> None:
+    # 0.5 ms and 1 ms a token: exact in binary, so the sums are exact too
+    model = CostModel(prefill=CostCurve(0.0, 1.0, 0.0), score=CostCurve(0.0, 0.5, 0.0))
+    assert model.overhead_ms == 0.0  # the default: the constructor without it works as before
+    plain = model.decide(100, kept=20)  # 50 + 20 = 70 ms against 100 ms
+    assert plain.overhead_ms == 0.0 and not plain.dense and "overhead" not in plain.reason
+    for overhead, dense in ((29.75, False), (30.0, True), (30.25, True), (0.0, False)):
+        verdict = replace(model, overhead_ms=overhead).decide(100, kept=20)
+        assert verdict.overhead_ms == overhead
+        assert verdict.dense is dense is (50.0 + 20.0 + overhead >= 100.0)
+    reason = replace(model, overhead_ms=30.0).decide(100, kept=20).reason
+    assert reason == (
+        f"{SLOWER_THAN_DENSE}: scoring 50.0 ms + prefill of 20 kept tokens 20.0 ms + overhead 30.0 ms "
+        ">= dense prefill of 100 tokens 100.0 ms (estimated)"
+    )
+    # a decision built without the overhead, as before
+    assert CostDecision(n=10, kept=1, dense_ms=5.0, score_ms=3.0, kept_ms=2.0).dense
+    for bad in (-1.0, math.nan, math.inf, True, "1"):
+        with pytest.raises(InvalidRequestError, match="overhead_ms") as info:
+            CostModel(prefill=CostCurve(0, 1, 0), score=CostCurve(0, 1, 0), overhead_ms=bad)  # type: ignore[arg-type]
+        assert info.value.param == "overhead_ms"
+
+
+def test_the_overhead_report_and_the_length_it_is_measured_at() -> None:
+    assert OverheadReport(n=64, kept=16, request_ms=30.0, estimated_ms=12.5).overhead_ms == 17.5
+    assert OverheadReport(n=64, kept=16, request_ms=10.0, estimated_ms=12.5).overhead_ms == 0.0  # never negative
+    assert overhead_length([1024, 4096, 16384]) == 4096 == OVERHEAD_MAX_TOKENS
+    assert overhead_length([128, 512, 1024]) == 1024
+    assert overhead_length([16384, 32768]) == 16384  # all above the cap: the shortest
+    assert overhead_length([100, 200, 300], cap=250) == 200
+    assert overhead_length([]) is None
 
 
 def test_warmup_lengths_default_by_device_capped_by_the_context() -> None:
@@ -261,6 +304,8 @@ def test_warmup_measures_both_stages_on_the_cpu_and_turns_the_check_on(smollm, l
     assert report.seconds >= report.backend.seconds > 0
     assert pipe.cost_model == CostModel(prefill=report.backend.cost, score=report.scorer.cost)
     assert "warmed up TransformersBackend" in caplog.text and "scoring" in caplog.text
+    # the paper preset prefills prompts this short densely: no compressed request to time
+    assert report.overhead is None
     # at load: a stage that has warmed up already is not run again
     again = load_pipeline("paper", backend=pipe.backend, scorer=pipe.scorer, warmup=True)
     assert again.warmed_up is not None and again.warmed_up.backend is report.backend
@@ -279,3 +324,57 @@ def test_warmup_measures_both_stages_on_the_cpu_and_turns_the_check_on(smollm, l
     # a pipeline over stages without a warm-up of their own measures nothing
     plain = Pipeline(UniformScorer(), pipe.selector, pipe.backend)
     assert plain.warmup().scorer is None and plain.cost_model is None
+
+
+def test_warmup_measures_the_overhead_of_a_compressed_request_and_decide_counts_it(
+    stages: tuple[DraftAttentionScorer, TransformersBackend], long_prompt: Prompt, caplog: pytest.LogCaptureFixture
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    scorer, backend = stages
+    caplog.set_level("INFO", logger="specprefill_sdk")
+    reader, exporter, tracer = InMemoryMetricReader(), InMemorySpanExporter(), TracerProvider()
+    tracer.add_span_processor(SimpleSpanProcessor(exporter))
+    selector = KeepRate(0.25)
+    meter = MeterProvider(metric_readers=[reader])
+    pipe = Pipeline(scorer, selector, backend, tracer_provider=tracer, meter_provider=meter)
+    try:
+        report = pipe.warmup(lengths=[16, 64])
+        overhead = report.overhead
+        assert overhead is not None
+        # the longest warm-up length (under the cap) at which the selector scores, as the selector keeps
+        assert (overhead.n, overhead.kept) == (64, selector.expected_kept(Prompt.from_token_ids(range(64))))
+        assert overhead.request_ms > 0
+        assert scorer.cost is not None and backend.cost is not None
+        assert overhead.estimated_ms == pytest.approx(scorer.cost(64) + backend.cost(overhead.kept))
+        assert overhead.overhead_ms == max(0.0, overhead.request_ms - overhead.estimated_ms) >= 0.0
+        assert pipe.cost_model is not None and pipe.cost_model.overhead_ms == overhead.overhead_ms
+        assert f"a compressed request of 64 tokens took {overhead.request_ms:.1f} ms" in caplog.text
+        # the warm-up's request is no request: no spans, no metrics
+        data = reader.get_metrics_data()
+        assert data is None or not any(sm.metrics for rm in data.resource_metrics for sm in rm.scope_metrics)
+        assert exporter.get_finished_spans() == ()
+
+        # decide counts it: costs under which compressing pays, then an overhead that outweighs the saving
+        _set_costs(stages, CHEAP_DRAFT, TARGET)
+        kept = selector.expected_kept(long_prompt)
+        assert kept is not None
+        saving = TARGET(long_prompt.n) - CHEAP_DRAFT(long_prompt.n) - TARGET(kept)
+        huge = replace(overhead, request_ms=overhead.estimated_ms + saving + 1.0)
+        pipe.warmed_up = replace(report, overhead=huge)
+        assert pipe.cost_model is not None and pipe.cost_model.overhead_ms == pytest.approx(saving + 1.0)
+        answer = pipe.generate(long_prompt, max_tokens=2)
+        assert answer.fallback is not None and answer.fallback.startswith(SLOWER_THAN_DENSE)
+        assert f"+ overhead {saving + 1.0:.1f} ms" in answer.fallback
+        assert answer.usage.kept_tokens == long_prompt.n and answer.timings.score == 0.0
+        just_below = replace(overhead, request_ms=overhead.estimated_ms + saving - 1.0)
+        pipe.warmed_up = replace(report, overhead=just_below)
+        assert pipe.generate(long_prompt, max_tokens=2).fallback is None
+
+        # not measured where the check is off
+        off = Pipeline(scorer, selector, backend, dense_when_slower=False)
+        assert off.warmup().overhead is None and off.cost_model is not None and off.cost_model.overhead_ms == 0.0
+    finally:
+        _set_costs(stages, None, None)
