@@ -64,8 +64,12 @@ def _stream_usage(base: str, path: str, body: dict[str, Any]) -> tuple[dict[str,
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("metrics") / "server.log"
-    # The warm-up is served before any request, and must not be counted as one.
-    proc = start_server(["--model", MODEL, "--device", "cpu", "--metrics", "--warmup-tokens", "64"], log)
+    # The warm-up is served before any request, and must not be counted as one. The paper policy
+    # compresses these ~1,200-token prompts; the default (auto) prefills prompts under 1,024 tokens
+    # whole, and this test counts compressed requests.
+    proc = start_server(
+        ["--model", MODEL, "--device", "cpu", "--metrics", "--warmup-tokens", "64", "--policy", "paper"], log
+    )
     yield proc
     proc.stop()
 
@@ -93,7 +97,7 @@ def test_the_metrics_count_what_the_server_answered(server: ServerProcess) -> No
         usages.append(usage)
         finishes.append(finish)
 
-    post("chat/completions", chat)  # compressed by the default policy
+    post("chat/completions", chat)  # compressed by the server's policy
     stream("chat/completions", chat)
     post("completions", {"model": MODEL, "prompt": text, "max_tokens": 5, "specprefill": {"enabled": False}})
     # Shorter than the request's dense-below threshold: prefilled whole without the draft.
