@@ -239,8 +239,7 @@ def warmup_lengths(device: Any, limit: int, lengths: Sequence[int] | None = None
     if limit < 1:
         raise InvalidRequestError(f"the model's context leaves no room for a warm-up prompt ({limit})")
     if lengths is None:
-        kind = getattr(device, "type", None) or str(device).split(":", 1)[0]
-        lengths = CUDA_LENGTHS if kind == "cuda" else CPU_LENGTHS
+        lengths = CUDA_LENGTHS if is_cuda(device) else CPU_LENGTHS
     else:
         for n in lengths:
             if isinstance(n, bool) or not isinstance(n, int) or n < 1:

@@ -20,6 +20,7 @@ from .errors import InvalidRequestError
 __all__ = [
     "TEXT_CHUNK_MAX_SIZE",
     "TEXT_CHUNK_MIN_SIZE",
+    "check_choice",
     "check_chunk_bounds",
     "check_float",
     "check_int",
@@ -78,6 +79,13 @@ def check_float(value: object, what: str, *, param: str, minimum: float = 0.0, i
     if value < minimum or (value == minimum and not inclusive):
         raise InvalidRequestError(f"{what} must be a finite number {bound}, got {value!r}", param=param)
     return float(value)
+
+
+def check_choice(value: object, choices: Sequence[str], name: str) -> str:
+    """``value`` when it is one of ``choices``; raises `InvalidRequestError` (param ``name``) otherwise."""
+    if not isinstance(value, str) or value not in choices:
+        raise InvalidRequestError(f"{name} must be one of {', '.join(choices)}; got {value!r}", param=name)
+    return value
 
 
 def check_known(

@@ -36,7 +36,7 @@ from ...runtime.lean import LeanModel
 from ...runtime.norms import install_fused_norms
 from ...runtime.settings import ExecutionSettings
 from ...types import Aggregation, Prompt, QueryReduction, TokenScores, int64_tensor
-from ...validation import check_int
+from ...validation import check_choice, check_int
 from .._alignment import DraftTokens, check_prompt, project_scores, same_vocabulary, to_draft_tokens
 from .hook import DraftStopped, ScoreCollector, install, skipped_layers
 from .lookahead import FixedBufferLookAhead, supports_fixed_buffers
@@ -54,20 +54,12 @@ QUERY_REDUCTIONS: tuple[QueryReduction, ...] = get_args(QueryReduction)
 
 def check_aggregation(value: Any) -> Aggregation:
     """``value`` when it names an `Aggregation`; raises `InvalidRequestError` (param ``aggregation``) otherwise."""
-    if not isinstance(value, str) or value not in AGGREGATIONS:
-        raise InvalidRequestError(
-            f"aggregation must be one of {', '.join(AGGREGATIONS)}; got {value!r}", param="aggregation"
-        )
-    return cast("Aggregation", value)
+    return cast("Aggregation", check_choice(value, AGGREGATIONS, "aggregation"))
 
 
 def check_queries(value: Any) -> QueryReduction:
     """``value`` when it names a `QueryReduction`; raises `InvalidRequestError` (param ``queries``) otherwise."""
-    if not isinstance(value, str) or value not in QUERY_REDUCTIONS:
-        raise InvalidRequestError(
-            f"queries must be one of {', '.join(QUERY_REDUCTIONS)}; got {value!r}", param="queries"
-        )
-    return cast("QueryReduction", value)
+    return cast("QueryReduction", check_choice(value, QUERY_REDUCTIONS, "queries"))
 
 
 logger = logging.getLogger(__name__)
