@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from .models import LoadedModel
     from .pipeline import Pipeline
     from .runtime.settings import ExecutionSettings
+    from .scoring import DraftAttentionScorer
 
 __all__ = [
     "CHUNKINGS",
@@ -165,6 +166,9 @@ class ScorerSettings(_Section):
     #: Score with the draft's first N layers only, which are all that run (needs ``look_ahead = 1``);
     #: None: every layer. See ``DraftAttentionScorer(layers=...)``.
     layers: int | None = Field(default=None, ge=1, le=1024)
+    #: The same as ``layers`` as a share of the draft's depth: its first ``round(layer_share x depth)``
+    #: layers (at least one), the same relative depth on any draft. Not with ``layers``; needs ``look_ahead = 1``.
+    layer_share: float | None = Field(default=None, gt=0, le=1)
     #: How attention rows are reduced over layers and heads: ``max`` (the paper's), ``mean``,
     #: ``content-mean`` (sink and local window left out; keeps shallow ``layers`` near full depth)
     #: or ``last-layer`` (only the deepest scored layer votes, the mean over its heads).
@@ -180,10 +184,11 @@ class ScorerSettings(_Section):
 
     @model_validator(mode="after")
     def _layers_need_one_query(self) -> ScorerSettings:
-        if self.layers is not None and self.look_ahead != 1:
-            raise ValueError(
-                f"layers ({self.layers}) needs look_ahead = 1: look-ahead tokens come from the whole draft"
-            )
+        if self.layers is not None and self.layer_share is not None:
+            raise ValueError(f"give layers ({self.layers}) or layer_share ({self.layer_share}), not both")
+        for key, value in (("layers", self.layers), ("layer_share", self.layer_share)):
+            if value is not None and self.look_ahead != 1:
+                raise ValueError(f"{key} ({value}) needs look_ahead = 1: look-ahead tokens come from the whole draft")
         return self
 
 
@@ -286,6 +291,7 @@ _OVERRIDES: dict[str, str] = {
     "look_ahead": "scorer",
     "pool_kernel": "scorer",
     "layers": "scorer",
+    "layer_share": "scorer",
     "aggregation": "scorer",
     "sink": "protect",
     "tail": "protect",
@@ -339,7 +345,9 @@ class Policy(BaseModel):
         """A copy with some settings replaced, e.g. per request: ``with_overrides(keep_rate=0.2)``.
 
         Keys are `OVERRIDE_KEYS`; ``None`` means "not given". ``keep_rate`` switches the selector to
-        a fixed keep rate and ``token_budget`` to a token budget (not both at once).
+        a fixed keep rate and ``token_budget`` to a token budget (not both at once). ``layers`` and
+        ``layer_share`` replace each other; ``look_ahead`` above 1 without either scores with the whole
+        draft (look-ahead tokens need every layer), whatever depth the policy had.
 
         Raises:
             PolicyError: an unknown key (the message lists the valid ones) or a bad value.
@@ -351,7 +359,15 @@ class Policy(BaseModel):
             return self
         if "keep_rate" in given and "token_budget" in given:
             raise PolicyError("give keep_rate or token_budget, not both", param="keep_rate")
+        if "layers" in given and "layer_share" in given:
+            raise PolicyError("give layers or layer_share, not both", param="layer_share")
         data = self.model_dump()
+        scorer = data["scorer"]
+        if "layers" in given or "layer_share" in given:
+            scorer["layers"] = scorer["layer_share"] = None  # the one given replaces the policy's
+        elif given.get("look_ahead", 1) > 1:
+            # look-ahead tokens are decoded by the whole draft: a policy's first-layers setting yields
+            scorer["layers"] = scorer["layer_share"] = None
         for key, value in given.items():
             data[_OVERRIDES[key]][key] = value
         if "keep_rate" in given:
@@ -415,6 +431,7 @@ class Policy(BaseModel):
                 look_ahead=s.look_ahead,
                 pool_kernel=s.pool_kernel,
                 layers=s.layers,
+                layer_share=s.layer_share,
                 aggregation=s.aggregation,
                 queries=s.queries,
                 **kwargs,
@@ -453,6 +470,8 @@ class Policy(BaseModel):
             parts.append(f"look-ahead {self.scorer.look_ahead}, pool {self.scorer.pool_kernel}")
             if self.scorer.layers is not None:
                 parts.append(f"first {self.scorer.layers} draft layers")
+            if self.scorer.layer_share is not None:
+                parts.append(f"first {self.scorer.layer_share:g} of the draft's layers")
             if self.scorer.aggregation != "max":
                 parts.append(f"aggregation {self.scorer.aggregation}")
             if self.scorer.queries != "mean":
@@ -705,23 +724,34 @@ def scorer_for(policy: Policy, loaded: Scorer | None, backend: Backend) -> Score
     if loaded.name == settings.kind:  # a scorer's name is its kind (a caller's own scorer too)
         if not isinstance(loaded, DraftAttentionScorer):
             return loaded
-        changes: dict[str, Any] = {}
-        if settings.look_ahead != loaded.look_ahead:
-            changes["look_ahead"] = settings.look_ahead
-        if settings.pool_kernel != loaded.pool_kernel:
-            changes["pool_kernel"] = settings.pool_kernel
-        if settings.layers != loaded.layers:
-            # None asks for every layer: with_options takes the draft's depth for that
-            changes["layers"] = settings.layers if settings.layers is not None else loaded.depth
-        if settings.aggregation != loaded.aggregation:
-            changes["aggregation"] = settings.aggregation
-        if settings.queries != loaded.queries:
-            changes["queries"] = settings.queries
-        return cast("Scorer", loaded.with_options(**changes)) if changes else loaded
+        return cast("Scorer", draft_variant(settings, loaded))
     draft: str | LoadedModel = backend.model_name
     if isinstance(loaded, DraftAttentionScorer | SelfInformationScorer):
         draft = loaded.loaded
     return policy.build_scorer(draft, target_tokenizer=backend.tokenizer)
+
+
+def draft_variant(settings: ScorerSettings, loaded: DraftAttentionScorer) -> DraftAttentionScorer:
+    """``loaded`` itself when its knobs are ``settings``'; else the `with_options` variant that shares its model.
+
+    Raises:
+        InvalidRequestError: a knob the draft refuses (e.g. more layers than it has).
+    """
+    wanted = settings.layers
+    if settings.layer_share is not None:
+        wanted = loaded.layers_of_share(settings.layer_share)
+    changes: dict[str, Any] = {}
+    if settings.look_ahead != loaded.look_ahead:
+        changes["look_ahead"] = settings.look_ahead
+    if settings.pool_kernel != loaded.pool_kernel:
+        changes["pool_kernel"] = settings.pool_kernel
+    if (wanted or loaded.depth) != (loaded.layers or loaded.depth):
+        changes["layers"] = wanted or loaded.depth  # with_options reads the draft's depth as every layer
+    if settings.aggregation != loaded.aggregation:
+        changes["aggregation"] = settings.aggregation
+    if settings.queries != loaded.queries:
+        changes["queries"] = settings.queries
+    return loaded.with_options(**changes) if changes else loaded
 
 
 def build_pipeline(

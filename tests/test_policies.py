@@ -230,7 +230,8 @@ def test_overrides_of_none_are_ignored_and_all_keys_are_accepted() -> None:
         if not hasattr(section, key):
             section = changed.protect
         assert getattr(section, key) == value, key
-    assert set(values) | {"token_budget"} == set(OVERRIDE_KEYS)
+    # token_budget and layer_share replace keep_rate and layers (tests/test_layer_share.py)
+    assert set(values) | {"token_budget", "layer_share"} == set(OVERRIDE_KEYS)
 
 
 def test_keep_rate_and_token_budget_overrides_switch_the_selector_kind() -> None:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import InvalidRequestError, PolicyError
 from ..interfaces import Scorer, Selector
 from ..models import LoadedModel
-from ..policies import MODEL_SCORERS
+from ..policies import MODEL_SCORERS, draft_variant
 from ..types import Aggregation
 
 if TYPE_CHECKING:
@@ -345,6 +345,8 @@ def _policy_scorer_key(policy: Policy, name: str) -> str:
     key = f"draft-la{s.look_ahead}-pool{s.pool_kernel}"
     if s.layers is not None:
         key += f"-layers{s.layers}"
+    if s.layer_share is not None:
+        key += f"-share{s.layer_share:g}"
     if s.aggregation != "max":
         key += f"-{s.aggregation}"
     if s.queries != "mean":
@@ -363,22 +365,7 @@ def _policy_method(
         assert base is not None
         if s.layers is not None and s.layers > base.depth:
             raise InvalidRequestError(f"{name}: the draft has {base.depth} layers", param="methods")
-        wanted = {
-            "look_ahead": s.look_ahead,
-            "pool_kernel": s.pool_kernel,
-            "layers": base.depth if s.layers is None else s.layers,  # None asks for every layer
-            "aggregation": s.aggregation,
-            "queries": s.queries,
-        }
-        have = {
-            "look_ahead": base.look_ahead,
-            "pool_kernel": base.pool_kernel,
-            "layers": base.depth if base.layers is None else base.layers,
-            "aggregation": base.aggregation,
-            "queries": base.queries,
-        }
-        changes = {k: v for k, v in wanted.items() if v != have[k]}
-        scorer = base.with_options(**changes) if changes else base
+        scorer = draft_variant(s, base)
     elif s.kind in MODEL_SCORERS:
         assert draft is not None
         scorer = policy.build_scorer(draft, target_tokenizer=target_tokenizer)

@@ -158,6 +158,12 @@ class SpecPrefillOptions(_Strict):
     layers: int | None = Field(
         None, ge=1, le=1024, description="Score with the draft's first N layers only (needs look_ahead 1)."
     )
+    layer_share: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description="Score with the first round(layer_share x depth) of the draft's layers (needs look_ahead 1).",
+    )
     aggregation: Aggregation | None = Field(
         None,
         description="How the draft's attention rows are reduced over layers and heads: max (the paper's), mean, "
@@ -232,6 +238,7 @@ class SpecPrefillOptions(_Strict):
             "look_ahead",
             "pool_kernel",
             "layers",
+            "layer_share",
             "aggregation",
             "min_prompt_tokens",
             "sink",

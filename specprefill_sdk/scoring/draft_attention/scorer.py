@@ -84,6 +84,9 @@ class DraftAttentionScorer:
             head runs), so scoring costs about ``layers / depth`` of a full draft prefill. Needs
             ``look_ahead=1`` (look-ahead tokens come from the whole model). ``None``: every layer.
             See docs/scoring.md for what it does to evidence recall.
+        layer_share: the same as ``layers``, given as a share of the draft's depth in (0, 1]: the
+            first ``round(layer_share * depth)`` layers (at least one), so one setting reads the same
+            relative depth of any draft. Not with ``layers``; needs ``look_ahead=1`` below 1.
         aggregation: how each query's attention rows are reduced over layers and heads (`Aggregation`):
             ``"max"`` (the SpecPrefill paper's), ``"mean"``, ``"content-mean"``: the mean of rows
             without the attention sink (the first token) and the local window (the prompt's last
@@ -134,6 +137,7 @@ class DraftAttentionScorer:
         aggregation: Aggregation = "max",
         execution: ExecutionSettings | None = None,
         queries: QueryReduction = "mean",
+        layer_share: float | None = None,
     ) -> None:
         self.look_ahead = check_int(look_ahead, "look_ahead", param="look_ahead", minimum=1)
         #: how attention rows are reduced over layers and heads (`Aggregation`)
@@ -151,7 +155,9 @@ class DraftAttentionScorer:
         model = self.loaded.model
         install(model)
         self._skip = skipped_layers(model.config)
-        self.layers = self._check_layers(layers)
+        if layer_share is not None and layers is not None:
+            raise InvalidRequestError("give layers or layer_share, not both", param="layer_share")
+        self.layers = self._check_layers(self._layers_of_share(layer_share) if layer_share is not None else layers)
         #: ``"last-layer"``: the deepest layer that counts (the only one that votes), else None
         self.last_layer: int | None = (
             max(i for i in range(self.layers or self.depth) if i not in self._skip)
@@ -222,6 +228,15 @@ class DraftAttentionScorer:
     def model_name(self) -> str:
         """The draft's name (as given to `load_model`)."""
         return self.loaded.name
+
+    def layers_of_share(self, share: float) -> int:
+        """How many layers ``layer_share=share`` scores with on this draft: ``round(share * depth)``, at least 1."""
+        return max(1, round(share * self.depth))
+
+    def _layers_of_share(self, share: Any) -> int:
+        if isinstance(share, bool) or not isinstance(share, int | float) or not 0 < share <= 1:
+            raise InvalidRequestError(f"layer_share must be a number in (0, 1], got {share!r}", param="layer_share")
+        return self.layers_of_share(float(share))
 
     def _check_layers(self, layers: Any) -> int | None:
         if layers is None:
