@@ -57,6 +57,11 @@ EXPECTED: dict[str, tuple[dict[str, Any], str, Check]] = {
     "look_ahead": ({"look_ahead": 3}, "paper", lambda sc, sel: sc.look_ahead == 3),
     "pool_kernel": ({"pool_kernel": 5}, "paper", lambda sc, sel: sc.pool_kernel == 5),
     "layers": ({"layers": 2, "look_ahead": 1}, "paper", lambda sc, sel: sc.layers == 2 and sc.look_ahead == 1),
+    "layer_share": (
+        {"layer_share": 0.1, "look_ahead": 1},
+        "paper",
+        lambda sc, sel: sc.layers == sc.layers_of_share(0.1) and sc.look_ahead == 1,
+    ),
     "aggregation": ({"aggregation": "mean"}, "paper", lambda sc, sel: sc.aggregation == "mean"),
     "min_prompt_tokens": ({"min_prompt_tokens": 123}, "paper", lambda sc, sel: _one(sel, DenseBelow).tokens == 123),
     "sink": ({"sink": 3}, "paper", lambda sc, sel: _one(sel, Protect).sink == 3),
@@ -83,8 +88,10 @@ NOT_OVERRIDES = {
 def test_every_override_field_has_an_expectation() -> None:
     every = {**{k: v for opts, _, _ in EXPECTED.values() for k, v in opts.items()}}
     every.pop("token_budget")  # keep_rate and token_budget are exclusive; both are listed above
-    assert set(SpecPrefillOptions(**every).overrides()) | {"token_budget"} == set(EXPECTED)
+    every.pop("layer_share")  # so are layers and layer_share
+    assert set(SpecPrefillOptions(**every).overrides()) | {"token_budget", "layer_share"} == set(EXPECTED)
     assert set(SpecPrefillOptions(token_budget=5).overrides()) == {"token_budget"}
+    assert set(SpecPrefillOptions(layer_share=0.5).overrides()) == {"layer_share"}
     # Every field of the extension is either an override or listed as something else.
     assert set(SpecPrefillOptions.model_fields) == set(EXPECTED) | NOT_OVERRIDES
 
