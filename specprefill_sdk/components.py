@@ -137,6 +137,8 @@ class PipelineFields(BaseModel):
     """Draft attention: width of the average pool over each attention row."""
     layers: int | None = None
     """Draft attention: score with the first N layers only (needs ``look_ahead=1``)."""
+    layer_share: float | None = None
+    """Draft attention: score with the first ``round(layer_share x depth)`` layers (needs ``look_ahead=1``)."""
     aggregation: Aggregation | None = None
     """Draft attention: how attention rows are reduced over layers and heads (``max``, ``mean``,
     ``content-mean``, ``last-layer``)."""
