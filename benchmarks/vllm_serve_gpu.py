@@ -15,7 +15,9 @@ sweep        one pair (``--pair llama``: Llama-3.1-8B architecture target, Llama
              level (p90 TTFT at most twice it); then ``vllm bench serve`` (random token prompts, 128
              output tokens, ``--ignore-eos``, Poisson arrivals) runs a rising request-rate sweep
              against each server until p90 TTFT passes the service level; a probe of our server
-             gives draft scoring and kept-prefill times, hence the TTFT ceiling of the same run.
+             gives draft scoring and kept-prefill times, hence the TTFT ceiling of the same run, and
+             a second probe (streamed random-id text, as the load generator sends) the medians of
+             every ``usage.specprefill`` stage field: where the unloaded TTFT goes.
 
 Run on the GPU machine with vLLM importable (see docs/vllm.md)::
 
@@ -528,23 +530,95 @@ def bench(
     return row
 
 
-def probe_components(server: Server, length: int, served: str, reps: int = 4) -> dict[str, float]:
-    """Draft scoring and kept-prefill times (the server's usage fields), one request at a time."""
-    score, prefill, kept = [], [], []
+#: The ``usage.specprefill`` stage fields the probes collect (ms; absent fields are skipped).
+STAGES = (
+    "score_ms", "queue_ms", "select_ms", "prefill_ms", "submit_ms", "tokenize_ms", "admit_ms", "ttft_ms",
+    "server_ms", "host_ms",
+)  # fmt: skip
+
+
+def _medians(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The median of each field over ``rows`` (the first row, a warm-up, left out when there are more)."""
+    rows = rows[1:] if len(rows) > 1 else rows
+    keys = [k for k in rows[0] if all(isinstance(r.get(k), int | float) for r in rows)]
+    return {k: statistics.median(float(r[k]) for r in rows) for k in keys}
+
+
+def _stream_usage(base: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A streamed completion as ``vllm bench serve`` sends it: the client's TTFT and the usage stage fields."""
+    import httpx
+
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    t0 = time.perf_counter()
+    ttft, usage = None, None
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=300) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"{base}: stream status {response.status_code}: {response.read()[:500]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            if ttft is None and any(c.get("text") for c in event.get("choices") or []):
+                ttft = (time.perf_counter() - t0) * 1000
+            usage = event.get("usage") or usage
+    if ttft is None or not usage:
+        raise RuntimeError(f"{base}: a stream without a first token or usage")
+    fields = usage.get("specprefill") or {}
+    row = {
+        "client_ttft_ms": ttft,
+        "prompt_tokens": usage.get("prompt_tokens"),
+        "kept_tokens": fields.get("kept_tokens"),
+    }
+    row.update({k: fields[k] for k in STAGES if isinstance(fields.get(k), int | float)})
+    return row
+
+
+def _text_of(tok: Any, ids: list[int], length: int) -> str:
+    """Text of random ids that the tokenizer reads back as at most ``length`` tokens (as a load generator sends)."""
+    text = tok.decode(ids)
+    for _ in range(4):  # decoding and encoding again may merge or split tokens: cut until it fits
+        again = tok.encode(text, add_special_tokens=False)
+        if len(again) <= length - 1:
+            break
+        text = tok.decode(again[: length - 1])
+    return text
+
+
+def probe_components(
+    server: Server, length: int, served: str, tokenizer: Path | None = None, reps: int = 4
+) -> dict[str, Any]:
+    """Draft scoring and kept-prefill times (the server's usage fields), one request at a time.
+
+    The ids probe sends token ids (no tokenizing): its ``score_ms`` and ``prefill_ms`` make the
+    ceiling. With ``tokenizer``, a second probe sends the same prompts as text and streamed, as
+    ``vllm bench serve`` does, and keeps the median of every stage field (``text``): where the
+    unloaded TTFT goes beyond the two model steps.
+    """
+    ids_rows = []
     for r in range(reps):
         body = {"model": served, "prompt": random_ids(length, seed=900 + r), "max_tokens": 1, "temperature": 0}
         status, payload = http("POST", server.base + "/v1/completions", body, timeout=300)
         if status != 200:
             raise RuntimeError(f"probe: status {status}: {str(payload)[:300]}")
         usage = payload["usage"]["specprefill"]
-        score.append(usage["score_ms"])
-        prefill.append(usage["prefill_ms"])
-        kept.append(usage["kept_tokens"])
-    return {
-        "score_ms": statistics.median(score[1:]),
-        "prefill_ms": statistics.median(prefill[1:]),
-        "kept_tokens": statistics.median(kept),
+        ids_rows.append({k: usage[k] for k in ("kept_tokens", *STAGES) if isinstance(usage.get(k), int | float)})
+    result: dict[str, Any] = {
+        **_medians(ids_rows),
+        "kept_tokens": statistics.median(r["kept_tokens"] for r in ids_rows),
     }
+    if tokenizer is not None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(str(tokenizer))
+        base = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+        try:
+            texts = [_text_of(tok, random_ids(length, seed=950 + r), length) for r in range(reps)]
+            result["text"] = _medians([_stream_usage(server.base, {**base, "prompt": t}) for t in texts])
+            logger.info("text probe at %d: %s", length, {k: round(v, 1) for k, v in result["text"].items()})
+        except Exception as exc:  # the ceiling's probe above still counts
+            logger.exception("the text probe failed")
+            result["text_error"] = f"{type(exc).__name__}: {exc}"
+    return result
 
 
 def sweep_server(
@@ -650,7 +724,7 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
         t_stage = time.monotonic()
         for length in lengths:
             row = result["lengths"][str(length)]
-            row["components"] = probe_components(ours, length, served)
+            row["components"] = probe_components(ours, length, served, tokenizer)
             unloaded = bench(ours, tokenizer, served, length, math.inf, 5, out, f"ours_{length}_unloaded",
                              concurrency=1)  # fmt: skip
             row["ours_unloaded"] = unloaded
@@ -697,6 +771,25 @@ def _summary_row(length: str, row: dict[str, Any]) -> str:
         f"{_f(row.get('rate_ratio'), 2)}x",
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _stage_table(lengths: dict[str, Any]) -> list[str]:
+    """Where one streamed text request's TTFT goes (medians of the ``usage.specprefill`` stage fields)."""
+    texts = {length: (row.get("components") or {}).get("text") for length, row in lengths.items()}
+    texts = {length: t for length, t in texts.items() if t}
+    if not texts:
+        return []
+    keys = [k for k in ("client_ttft_ms", "server_ms", *STAGES) if any(k in t for t in texts.values())]
+    lines = [
+        "Where the unloaded TTFT goes: one streamed text request at a time (random-id text, as `vllm bench serve` "
+        "sends it), medians of the `usage.specprefill` fields in ms (`client_ttft_ms` is the probe's own):",
+        "",
+        "| field | " + " | ".join(f"{int(length):,}" for length in texts) + " |",
+        "|---|" + "---:|" * len(texts),
+    ]
+    for k in dict.fromkeys(keys):
+        lines.append(f"| {k} | " + " | ".join(_f(t.get(k), 1) for t in texts.values()) + " |")
+    return [*lines, ""]
 
 
 def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
@@ -804,6 +897,7 @@ def render(results: dict[str, Any]) -> str:
         for length, row in sweep.get("lengths", {}).items():
             lines.append(_summary_row(length, row))
             detail += [_rate_row(length, server, r) for server in ("vanilla", "ours") for r in row.get(server) or []]
+        lines += ["", *_stage_table(sweep.get("lengths", {}))]
         lines += ["", "Every rate of the sweeps (TTFT in ms):", "", *detail, ""]
         for check in sweep.get("keep_all_vs_vanilla") or []:
             verdict = "equal" if check["equal"] else f"differ from token {check['first_divergence']}"

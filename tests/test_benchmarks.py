@@ -205,11 +205,53 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
         }
     }
     text = module.render(results)
+    assert "Where the unloaded TTFT goes" not in text  # no text probe in this run
     assert "| pre-compressed #0 | no | 3 |" in text
     assert "| 32,768 | 1,200 ms | 2,400 ms |" in text and "| 0.25 | 1.50 | 6.00x |" in text
     assert text.count("| 32,768 | ours |") == 2
     module.plot(results, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
+
+
+def test_the_serving_probe_prints_the_median_of_each_stage_field_of_its_text_requests():
+    module = _script("vllm_serve_gpu")
+    # the first request warms up and is left out; a field missing from one request is not a median
+    rows = [
+        {"server_ms": 900.0, "tokenize_ms": 80.0, "admit_ms": 3.0},
+        {"server_ms": 500.0, "tokenize_ms": 60.0, "admit_ms": 1.0},
+        {"server_ms": 520.0, "tokenize_ms": 70.0},
+        {"server_ms": 510.0, "tokenize_ms": 65.0, "admit_ms": 2.0},
+    ]
+    medians = module._medians(rows)
+    assert medians == {"server_ms": 510.0, "tokenize_ms": 65.0}
+    lengths = {"8192": {"components": {"text": {"client_ttft_ms": 300.0, "tokenize_ms": 20.0}}}, "32768": {}}
+    lengths["32768"]["components"] = {"text": {"client_ttft_ms": 630.0, "tokenize_ms": 65.0, "host_ms": 230.0}}
+    table = "\n".join(module._stage_table(lengths))
+    assert "| field | 8,192 | 32,768 |" in table
+    assert "| tokenize_ms | 20.0 | 65.0 |" in table and "| host_ms | - | 230.0 |" in table
+    assert table.index("client_ttft_ms") < table.index("tokenize_ms") < table.index("host_ms")
+
+
+def test_the_server_path_benchmark_times_each_step_with_a_real_tokenizer(tmp_path):
+    _run(
+        "server_path_cpu.py",
+        "--tokens",
+        "2048",
+        "--repeats",
+        "1",
+        "--tokenizers",
+        "smollm2-135m",
+        "--out",
+        str(tmp_path),
+    )
+    result = json.loads((tmp_path / "server_path_cpu.json").read_text())
+    (row,) = result["rows"]
+    assert row["tokens"] == 2048 and 0 < row["kept"] < 2048
+    steps = ("parse_ms", "tokenize_ms", "queue_idle_ms", "select_ms", "compress_ms", "layout_ms", "first_chunk_ms")
+    assert all(row[k] > 0 for k in steps)
+    assert row["sum_ms"] == sum(row[k] for k in steps)
+    text = (tmp_path / "server_path_cpu.md").read_text()
+    assert "| tokenize (build_prompt + vocabulary check) |" in text and "smollm2-135m (2,048 tokens) ms" in text
 
 
 def test_the_serving_real_weight_stage_counts_agreement_per_task_and_lists_each_divergence():

@@ -215,6 +215,7 @@ def test_usage_breaks_the_time_to_first_token_down(client: openai.OpenAI, text: 
         assert sp["queue_ms"] is None or sp["queue_ms"] <= sp["score_ms"]
         assert sp["host_ms"] == pytest.approx(sp["server_ms"] - sp["score_ms"] - sp["prefill_ms"])
         # the stages run one after the other inside the server's time to the first token
+        assert 0 < sp["admit_ms"] < sp["server_ms"] - sp["tokenize_ms"] - sp["score_ms"] - sp["prefill_ms"]
         assert sp["server_ms"] > sp["tokenize_ms"] + sp["score_ms"] + sp["select_ms"] + sp["prefill_ms"]
 
 

@@ -431,7 +431,7 @@ def test_the_openai_client_skips_keep_alive_comments(slow_url: str) -> None:
 #: The fields this server adds to OpenAI's shapes (documented in docs/server.md); any other extra is a defect.
 EXTENSIONS = {"specprefill", "token_ids", "max_model_len", "kept_tokens", "keep_ratio", "score_ms", "prefill_ms"}
 EXTENSIONS |= {"fallback", "reason", "conversation"}
-EXTENSIONS |= {"select_ms", "ttft_ms", "tokenize_ms", "queue_ms", "submit_ms", "server_ms", "host_ms"}
+EXTENSIONS |= {"select_ms", "ttft_ms", "admit_ms", "tokenize_ms", "queue_ms", "submit_ms", "server_ms", "host_ms"}
 
 
 def _extras(value: Any) -> set[str]:

@@ -635,6 +635,7 @@ async def _serve(
     handle: StreamHandle | None = None
     async with _Departure(request, engine, ctx) as departure:
         ticket = await departure.admitted()
+        ctx.times.add("admit", elapsed_ms(ctx.arrived))
         try:
             prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling, tools)
             if not body.stream:
@@ -695,6 +696,7 @@ async def _serve_turn(
     try:
         async with _Departure(request, engine, ctx) as departure:
             ticket = await departure.admitted()
+            ctx.times.add("admit", elapsed_ms(ctx.arrived))
             try:
                 turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
                 if not body.stream:
@@ -826,6 +828,7 @@ def _usage(completion: Completion, turn: Turn | None = None, ctx: RequestContext
             prefill_ms=timings.prefill,
             select_ms=timings.select,
             ttft_ms=timings.ttft,
+            admit_ms=times.get("admit") if times is not None else None,
             tokenize_ms=times.get("tokenize") if times is not None else None,
             queue_ms=times.get("queue") if times is not None else None,
             submit_ms=times.get("submit") if times is not None else None,

@@ -279,6 +279,11 @@ class SpecPrefillUsage(BaseModel):
     ttft_ms: float | None = Field(
         None, description="The pipeline's time to the first token: from its call (after tokenizing) to that token."
     )
+    admit_ms: float | None = Field(
+        None,
+        description="From the request's arrival to its admission: reading and validating the body, the wait for a "
+        "slot, in milliseconds.",
+    )
     tokenize_ms: float | None = Field(
         None, description="Tokenizing the prompt into its Prompt (chat template, offsets, roles), in milliseconds."
     )
