@@ -635,7 +635,6 @@ async def _serve(
     handle: StreamHandle | None = None
     async with _Departure(request, engine, ctx) as departure:
         ticket = await departure.admitted()
-        ctx.times.add("admit", elapsed_ms(ctx.arrived))
         try:
             prepared = await engine.call(ctx, engine.prepare, prompt_input, options, sampling, tools)
             if not body.stream:
@@ -696,7 +695,6 @@ async def _serve_turn(
     try:
         async with _Departure(request, engine, ctx) as departure:
             ticket = await departure.admitted()
-            ctx.times.add("admit", elapsed_ms(ctx.arrived))
             try:
                 turn = await engine.call(ctx, engine.begin_turn, entry, options, messages, sampling)
                 if not body.stream:
@@ -799,6 +797,7 @@ class _Departure:
             self._engine.admission.release(ticket)
             self._engine.left()
             raise RequestCancelledError("the client went away while its request waited for a slot")
+        self._ctx.times.add("admit", elapsed_ms(self._ctx.arrived))  # usage.specprefill.admit_ms
         return ticket
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
