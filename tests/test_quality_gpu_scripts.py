@@ -164,7 +164,7 @@ def test_report_speedups_from_the_grid(tmp_path):
     grid = report.speed_cells(json.loads(_grid(tmp_path / "grid.json").read_text()))
     assert grid[(4000, 0.1, 1, 16)] == 3.0 and (4000, 0.2, 1, 16) not in grid  # a cell with no speedup
     table = {"4096": _table(tmp_path)}
-    speed = report.speedups(table, grid)["4096"]
+    speed = report.speedups(table, grid, {"auto": (8, None)})["4096"]
     assert speed["full@1"] == {"speedup": 1.0, "grid_n": 4000}
     assert speed["draft-chunked@0.1"] == {"speedup": 2.0, "grid_n": 4000}
     assert speed["draft-chunked@0.2"]["speedup"] == 1.6
@@ -176,6 +176,8 @@ def test_report_speedups_from_the_grid(tmp_path):
     inverse = [1 / 1.6, 0.7, 1.0, 0.5, 1 / 1.5, 1 / 1.8, 0.5, 1 / 1.55]
     assert auto["interpolated"] is True and auto["grid_n"] == 4000
     assert auto["speedup"] == pytest.approx(8 / sum(inverse))
+    # a policy's cost is given, never guessed from its name
+    assert "auto@policy" not in report.speedups(table, grid)["4096"]
     assert report.speedups(table, {}) == {}
 
 
@@ -186,7 +188,13 @@ def test_report_interpolation_and_method_cells():
     assert report._interpolate(curve, 0.65) == pytest.approx(1.25)
     assert report._cell_for("draft-early-16") == (1, 16) and report._cell_for("draft-early-12-mean") == (1, 12)
     assert report._cell_for("draft-chunked-la1") == (1, None)
-    assert {report._cell_for(m) for m in (*report.SAME_COST_AS_CHUNKED, "auto")} == {(8, None)}
+    assert {report._cell_for(m) for m in report.SAME_COST_AS_CHUNKED} == {(8, None)}
+    assert report._cell_for("auto") is None and report._cell_for("auto", {"auto": (1, 16)}) == (1, 16)
+    assert report._parse_cell("1:16") == (1, 16) and report._parse_cell("8:all") == (8, None)
+    assert report._pair("policy:/a=b.toml=1:16", "--cost") == ("policy:/a=b.toml", "1:16")
+    for bad in ("16", "x:16", "1:some", "1:"):
+        with pytest.raises(ValueError, match="LOOKAHEAD:LAYERS"):
+            report._parse_cell(bad)
     assert report._cell_for("llmlingua") is None and report._cell_for("target-early-14") is None
     assert report.rate_label({"keep_rate": 0.25}) == "0.25" and report.rate_label({"keep_rate": "auto"}) == "policy"
 
@@ -194,7 +202,8 @@ def test_report_interpolation_and_method_cells():
 def test_report_main_writes_json_markdown_and_plot(tmp_path):
     raw = _raw(tmp_path)
     out = tmp_path / "out"
-    assert report.main([str(raw), "--ttft", str(_grid(tmp_path / "grid.json")), "--out", str(out), "--name", "q"]) == 0
+    grid = str(_grid(tmp_path / "grid.json"))
+    assert report.main([str(raw), "--ttft", grid, "--cost", "auto=8:all", "--out", str(out), "--name", "q"]) == 0
     result = json.loads((out / "q.json").read_text())
     assert result["files"] == ["e_4096_s0.json", "e_4096_s1.json", "k_4096_s0.json"]
     assert result["speedups"]["4096"]["draft-chunked@0.1"]["speedup"] == 2.0
@@ -212,6 +221,21 @@ def test_report_main_writes_json_markdown_and_plot(tmp_path):
     assert report.main([str(raw), "--out", str(tmp_path / "plain"), "--name", "q"]) == 0
     assert json.loads((tmp_path / "plain" / "q.json").read_text())["speedups"] == {}
     assert not (tmp_path / "plain" / "q_frontier.png").exists()
+    # a renamed method is reported, and costed, under its new name
+    renamed = tmp_path / "renamed"
+    argv = [str(raw), "--ttft", grid, "--label", "auto=auto-before", "--cost", "auto-before=8:all"]
+    assert report.main([*argv, "--out", str(renamed), "--name", "q"]) == 0
+    result = json.loads((renamed / "q.json").read_text())
+    assert "auto@policy" not in result["lengths"]["4096"]["cells"]
+    assert result["speedups"]["4096"]["auto-before@policy"]["speedup"] == pytest.approx(auto)
+
+
+def test_report_main_refuses_malformed_label_and_cost(tmp_path, capsys):
+    raw = _raw(tmp_path)
+    for flag, value in (("--cost", "auto"), ("--cost", "auto=fast"), ("--label", "=x")):
+        with pytest.raises(SystemExit) as excinfo:
+            report.main([str(raw), flag, value, "--out", str(tmp_path / "out")])
+        assert excinfo.value.code == 2 and flag in capsys.readouterr().err
 
 
 def test_report_main_refuses_a_folder_without_results(tmp_path, capsys):
@@ -303,7 +327,9 @@ def test_depth_main_refuses_files_without_depth_methods(tmp_path, capsys):
 def test_report_on_the_committed_run(tmp_path):
     raw = RESULTS / "quality_gpu_qwen_real_v2_raw"
     ttft = RESULTS / "ttft_gpu_h200_real_default.json"
-    assert report.main([str(raw), "--ttft", str(ttft), "--out", str(tmp_path), "--name", "v2"]) == 0
+    # that run's auto scored with the whole draft and look-ahead 8
+    argv = [str(raw), "--ttft", str(ttft), "--cost", "auto=8:all", "--out", str(tmp_path), "--name", "v2"]
+    assert report.main(argv) == 0
     result = json.loads((tmp_path / "v2.json").read_text())
     assert {"4096", "8192"} <= set(result["lengths"])
     for length, block in result["lengths"].items():

@@ -12,11 +12,16 @@ records by sample: every method is compared with the dense target on the very sa
   mode), each method gets its measured TTFT speedup against dense at its cell (keep share, look-ahead,
   draft depth); a policy that picks its share per prompt gets the speedup interpolated at its mean kept
   share between the measured shares, and the table says so. One frontier plot per length.
+- A policy method's cost cell is not in its name (``auto`` is whatever ``policies/auto.toml`` held when
+  the run was made, ``policy:PATH`` any file), so it is given: ``--cost METHOD=LOOKAHEAD:LAYERS``
+  (``LAYERS`` a count or ``all``); a policy without one gets no speedup.
+- ``--label OLD=NEW`` renames a method as it is read (a policy file's path, or a default that has
+  changed since the run), before ``--cost`` applies.
 
 Usage::
 
     python benchmarks/quality_gpu/report.py RAW_DIR --ttft ttft_gpu_h200_real_default.json \\
-        --out benchmarks/results --name quality_gpu_qwen_real_v2
+        --cost auto=8:all --out benchmarks/results --name quality_gpu_qwen_real_v2
 """
 
 from __future__ import annotations
@@ -48,8 +53,12 @@ def rate_label(record: dict[str, Any]) -> str:
     return f"{float(rate):g}"
 
 
-def load_records(raw: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Every record of every result file under ``raw``, with the file's seed folded into the sample id."""
+def load_records(raw: Path, labels: dict[str, str] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Every record of every result file under ``raw``, with the file's seed folded into the sample id.
+
+    ``labels`` renames methods (old name -> new name) as they are read.
+    """
+    labels = labels or {}
     records: list[dict[str, Any]] = []
     files: list[str] = []
     for path in sorted(raw.glob("*.json")):
@@ -63,7 +72,7 @@ def load_records(raw: Path) -> tuple[list[dict[str, Any]], list[str]]:
         for r in data["records"]:
             # a merged file's ids already carry their seed (``...@seed1``)
             sample = r["id"] if "@seed" in r["id"] else f"{r['id']}@seed{seed}"
-            records.append({**r, "sample": sample})
+            records.append({**r, "sample": sample, "method": labels.get(r["method"], r["method"])})
     return records, files
 
 
@@ -207,9 +216,17 @@ def speed_cells(ttft: dict[str, Any]) -> dict[tuple[int, float, int, int | None]
     return out
 
 
-def _cell_for(method: str) -> tuple[int, int | None] | None:
-    """The grid cell (look-ahead, draft layers) whose cost a method has, or None when the grid has none."""
-    if method in SAME_COST_AS_CHUNKED or method == DEFAULT_POLICY:
+Cell = tuple[int, int | None]
+
+
+def _cell_for(method: str, costs: dict[str, Cell] | None = None) -> Cell | None:
+    """The grid cell (look-ahead, draft layers) whose cost a method has, or None when the grid has none.
+
+    ``costs`` gives the cells of policy methods (``--cost``); a fixed method's cell follows from its name.
+    """
+    if costs and method in costs:
+        return costs[method]
+    if method in SAME_COST_AS_CHUNKED:
         return (8, None)
     if method == "draft-chunked-la1":
         return (1, None)
@@ -228,7 +245,11 @@ def _interpolate(points: list[tuple[float, float]], x: float) -> float:
     return points[-1][1]
 
 
-def speedups(table: dict[str, Any], grid: dict[tuple[int, float, int, int | None], float]) -> dict[str, Any]:
+def speedups(
+    table: dict[str, Any],
+    grid: dict[tuple[int, float, int, int | None], float],
+    costs: dict[str, Cell] | None = None,
+) -> dict[str, Any]:
     """Per length and table cell: the measured speedup of its grid cell (a policy: interpolated at its share)."""
     out: dict[str, Any] = {}
     lengths = sorted({k[0] for k in grid})
@@ -241,7 +262,7 @@ def speedups(table: dict[str, Any], grid: dict[tuple[int, float, int, int | None
             if cell["method"] == "full":
                 row[key] = {"speedup": 1.0, "grid_n": n}
                 continue
-            where = _cell_for(cell["method"])
+            where = _cell_for(cell["method"], costs)
             if where is None:
                 continue
             look_ahead, layers = where
@@ -301,6 +322,22 @@ def plot_frontier(table: dict[str, Any], speed: dict[str, Any], path: Path, titl
     save_figure(fig, path)
 
 
+def _pair(text: str, flag: str) -> tuple[str, str]:
+    """``KEY=VALUE`` split at its last ``=`` (a method name may hold ``=``, a value never does)."""
+    key, sep, value = text.rpartition("=")
+    if not sep or not key or not value:
+        raise ValueError(f"{flag} {text!r}: expected KEY=VALUE")
+    return key, value
+
+
+def _parse_cell(text: str) -> Cell:
+    """``LOOKAHEAD:LAYERS`` (``LAYERS`` a count or ``all``) as a grid cell."""
+    look_ahead, sep, layers = text.partition(":")
+    if not sep or not look_ahead.isdigit() or not (layers == "all" or layers.isdigit()):
+        raise ValueError(f"--cost cell {text!r}: expected LOOKAHEAD:LAYERS, e.g. 1:16 or 8:all")
+    return (int(look_ahead), None if layers == "all" else int(layers))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("raw", type=Path, help="folder of the run's raw eval result files")
@@ -308,13 +345,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--name", default="quality_gpu_qwen_real_v2")
     parser.add_argument("--title", default="Real-weight quality on one H200: Qwen2.5-Coder-1.5B target, 0.5B draft")
+    parser.add_argument(
+        "--label", action="append", default=[], metavar="OLD=NEW", help="rename a method as it is read (repeatable)"
+    )
+    parser.add_argument(
+        "--cost",
+        action="append",
+        default=[],
+        metavar="METHOD=LOOKAHEAD:LAYERS",
+        help="the grid cell of a policy method, e.g. auto=1:16 or auto=8:all (repeatable)",
+    )
     args = parser.parse_args(argv)
-    records, files = load_records(args.raw)
+    try:
+        labels = dict(_pair(text, "--label") for text in args.label)
+        costs = {method: _parse_cell(cell) for method, cell in (_pair(text, "--cost") for text in args.cost)}
+    except ValueError as exc:
+        parser.error(str(exc))
+    records, files = load_records(args.raw, labels)
     if not records:
         parser.error(f"no evaluation result files in {args.raw}")
     table = tabulate(dedupe(records))
     grid = speed_cells(json.loads(args.ttft.read_text())) if args.ttft else {}
-    speed = speedups(table, grid)
+    speed = speedups(table, grid, costs)
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out, args.name, {"files": files, "lengths": table, "speedups": speed})
     (args.out / f"{args.name}.md").write_text(markdown(table, speed, files, args.title) + "\n")
