@@ -12,8 +12,10 @@ those two model steps for one such request, the way the server runs it, with the
   at once, as the server's queue is set up, and through the same queue without its count of running
   requests (a shorter prompt would then wait the queue's window for a second one; one above the
   batch budget, as 32K is above the default 16,384, closes its batch at once);
-- ``select``: the ``paper`` policy's selector on the draft's scores of every token, with torch's
-  thread pool and on one thread (on a busy machine the pool's wake-ups cost more than the ops);
+- ``select``: the ``paper`` policy's selector on the draft's scores of every token, as the server runs
+  it and with torch set to one thread (the selection's arithmetic is numpy's, so torch's intra-op
+  pool, whose wake-ups cost more than the ops on a busy machine, should make no difference), and
+  the default ``auto`` policy's selector;
 - ``compress``: the kept ids and positions (`CompressedPrompt.from_selection`);
 - ``compress_prompts``: the whole compress step around the scorer (scores given), as the pipeline
   calls it with its telemetry off;
@@ -21,27 +23,35 @@ those two model steps for one such request, the way the server runs it, with the
 - ``first_chunk``: the first SSE event's JSON and the usage object.
 
 Each is the median wall time of ``--repeats`` calls. Tokenizers: the bundled SmolLM2 and, when its
-GGUF packages are installed (``make bench-models``), Qwen2.5-Coder's.
+GGUF packages are installed (``make bench-models``), Qwen2.5-Coder's. ``--busy N`` runs N CPU-bound
+processes beside the measurement, a loaded host made on purpose; ``--tree PATH`` imports another
+checkout (e.g. the main branch) to measure "before".
 
 Usage::
 
     python benchmarks/server_path_cpu.py                          # results/server_path_cpu.{json,md}
     python benchmarks/server_path_cpu.py --tokens 8192 --repeats 5
+    python benchmarks/server_path_cpu.py --busy 2 --tree ../main --name server_path_cpu_before
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
-from _common import add_output_args, command_line, median_ms, write_results
+from _common import ROOT, add_output_args, command_line, median_ms, use_tree, write_results
 
 TOKENIZERS = ("smollm2-135m", "qwen2.5-coder-0.5b")
 POLICY = "paper"
+DEFAULT_POLICY = "auto"
 
 
 def text_of(tokenizer: Any, tokens: int) -> str:
@@ -54,6 +64,26 @@ def text_of(tokenizer: Any, tokens: int) -> str:
         tokenizer("x", add_special_tokens=False)["input_ids"]
     )
     return text[: enc["offset_mapping"][tokens - 1 - special][1]]
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextmanager
+def busy(processes: int) -> Iterator[None]:
+    """``processes`` CPU-bound processes for the duration: a loaded host, where an op that wakes a
+    thread of torch's intra-op pool waits for that thread to get a core."""
+    spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(processes)]
+    for p in spinners:
+        p.start()
+    try:
+        yield
+    finally:
+        for p in spinners:
+            p.terminate()
+            p.join()
 
 
 class _Instant:
@@ -99,6 +129,7 @@ def steps(name: str, tokens: int, repeats: int) -> dict[str, Any]:
     prompt = tokenize()
     scores = TokenScores(torch.from_numpy(np.random.default_rng(0).random(prompt.n, dtype=np.float32)))
     selector = load_policy(POLICY).build_selector()
+    default = load_policy(DEFAULT_POLICY).build_selector()
     selection = selector.select(prompt, scores)
     compressed = CompressedPrompt.from_selection(prompt, selection)
     scorer = _Instant(scores)
@@ -118,6 +149,7 @@ def steps(name: str, tokens: int, repeats: int) -> dict[str, Any]:
         row["select_one_thread_ms"] = median_ms(lambda: selector.select(prompt, scores), repeats, 1)
     finally:
         torch.set_num_threads(threads)
+    row["select_default_ms"] = median_ms(lambda: default.select(prompt, scores), repeats, 1)
     row["compress_ms"] = median_ms(lambda: CompressedPrompt.from_selection(prompt, selection), repeats, 1)
     row["compress_prompts_ms"] = median_ms(lambda: compress_prompts([prompt], scorer, selector), repeats, 1)
     row["layout_ms"] = median_ms(lambda: encode_prompt(compressed), repeats, 1)
@@ -148,6 +180,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- machine: {result['machine']}",
         f"- command: `{result['command']}`",
         f"- median wall time of {result['repeats']} calls per step; policy {result['policy']}",
+        *([f"- {result['busy']} CPU-bound processes ran beside the measurement (`--busy`)"] if result["busy"] else []),
         "",
         "| step | " + " | ".join(f"{r['tokenizer']} ({r['tokens']:,} tokens) ms" for r in rows) + " |",
         "|---|" + "---:|" * len(rows),
@@ -159,6 +192,7 @@ def markdown(result: dict[str, Any]) -> str:
         "queue_window_ms": "scoring queue without the running count (a prompt above the batch budget goes at once)",
         "select_ms": f"select ({result['policy']} selector)",
         "select_one_thread_ms": "select, torch on one thread (no intra-op pool)",
+        "select_default_ms": f"select ({result['default_policy']} selector, the default policy)",
         "compress_ms": "kept ids and positions (from_selection)",
         "compress_prompts_ms": "compress_prompts around an instant scorer (select + compress + spans off)",
         "layout_ms": "vLLM prompt: kept ids, layout, cache salt (encode_prompt)",
@@ -176,27 +210,33 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--tokenizers", nargs="+", default=list(TOKENIZERS))
+    parser.add_argument("--busy", type=int, default=0, help="CPU-bound processes to run beside the measurement")
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout to import")
     add_output_args(parser, "server_path_cpu")
     args = parser.parse_args()
+    use_tree(args.tree)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
 
     from specprefill_sdk.errors import ModelLoadError
 
     rows = []
-    for name in args.tokenizers:
-        try:
-            rows.append(steps(name, args.tokens, args.repeats))
-        except ModelLoadError as exc:  # its packages are not installed (make bench-models)
-            print(f"{name}: skipped ({exc})")
-            continue
-        print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()})
+    with busy(args.busy):
+        for name in args.tokenizers:
+            try:
+                rows.append(steps(name, args.tokens, args.repeats))
+            except ModelLoadError as exc:  # its packages are not installed (make bench-models)
+                print(f"{name}: skipped ({exc})")
+                continue
+            print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()})
     result = {
         "benchmark": "server_path_cpu",
         "command": command_line(),
         "machine": f"{platform.platform()}, {os.cpu_count()} CPUs, torch {torch.__version__}",
+        "busy": args.busy,
         "repeats": args.repeats,
         "policy": POLICY,
+        "default_policy": DEFAULT_POLICY,
         "rows": rows,
     }
     print(write_results(args.out, args.name, result, markdown))

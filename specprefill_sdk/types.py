@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+import numpy as np
 import torch
 
 from .errors import InvalidRequestError
@@ -341,10 +342,10 @@ class Selection:
 
     def mask(self) -> torch.Tensor:
         """A boolean mask of length ``n``, True where kept."""
-        m = torch.zeros(self.n, dtype=torch.bool)
-        if self.indices:
-            m[list(self.indices)] = True
-        return m
+        # Built in numpy: a torch op over a long prompt would wake torch's intra-op thread pool.
+        m = np.zeros(self.n, dtype=bool)
+        m[np.fromiter(self.indices, dtype=np.int64, count=len(self.indices))] = True
+        return torch.from_numpy(m)
 
 
 @dataclass(frozen=True)

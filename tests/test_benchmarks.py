@@ -241,10 +241,13 @@ def test_the_server_path_benchmark_times_each_step_with_a_real_tokenizer(tmp_pat
         "1",
         "--tokenizers",
         "smollm2-135m",
+        "--busy",
+        "1",
         "--out",
         str(tmp_path),
     )
     result = json.loads((tmp_path / "server_path_cpu.json").read_text())
+    assert result["busy"] == 1
     (row,) = result["rows"]
     assert row["tokens"] == 2048 and 0 < row["kept"] < 2048
     steps = ("parse_ms", "tokenize_ms", "queue_idle_ms", "select_ms", "compress_ms", "layout_ms", "first_chunk_ms")
@@ -252,6 +255,8 @@ def test_the_server_path_benchmark_times_each_step_with_a_real_tokenizer(tmp_pat
     assert row["sum_ms"] == sum(row[k] for k in steps)
     text = (tmp_path / "server_path_cpu.md").read_text()
     assert "| tokenize (build_prompt + vocabulary check) |" in text and "smollm2-135m (2,048 tokens) ms" in text
+    assert row["select_default_ms"] > 0 and "| select (auto selector, the default policy) |" in text
+    assert "- 1 CPU-bound processes ran beside the measurement" in text
 
 
 def test_the_serving_real_weight_stage_counts_agreement_per_task_and_lists_each_divergence():

@@ -7,8 +7,8 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
-import torch
 
 from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.eval.harness import FULL, POLICY, EvalConfig, EvalResult
@@ -608,7 +608,7 @@ def test_llmlingua_selector_keeps_forced_tokens_and_aligns(smollm, tokenizer):
 
     text = "The quick brown fox jumps over the lazy dog near the river bank. " * 6
     prompt = build_prompt(tokenizer, text)
-    forced = torch.zeros(prompt.n, dtype=torch.bool)
+    forced = np.zeros(prompt.n, dtype=bool)
     forced[0] = forced[-3:] = True
     lingua = LLMLinguaSelector(smollm)
     sel = lingua.select(prompt, context=(0, len(text)), rate=0.3, forced=forced)

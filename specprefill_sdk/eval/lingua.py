@@ -30,6 +30,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..errors import ModelLoadError
@@ -169,27 +170,27 @@ class LLMLinguaSelector:
             flags.append(j < len(kept_chars) and kept_chars[j][0] < end and start < kept_chars[j][1])
         return flags
 
-    def select(self, prompt: Prompt, *, context: tuple[int, int], rate: float, forced: torch.Tensor) -> Selection:
+    def select(self, prompt: Prompt, *, context: tuple[int, int], rate: float, forced: np.ndarray) -> Selection:
         """Keep ``forced`` plus what LLMLingua keeps of the ``context`` characters of ``prompt.text``.
 
         LLMLingua's token budget is what the keep rate leaves after the forced tokens.
         """
         n = prompt.n
-        forced = forced.to(torch.bool).clone()
+        forced = np.array(forced, dtype=bool)
         budget = max(0, math.ceil(rate * n) - int(forced.sum()))
         a, b = context
         # Every token of the context takes part in the alignment (forced ones too: LLMLingua sees them as
         # text and may keep them); only the budget leaves room for the forced tokens.
         members = [i for i, (s, e) in enumerate(prompt.offsets) if e > s and s >= a and e <= b]
-        keep = forced.clone()
+        keep = forced.copy()
         if budget > 0 and members:
             with self._lock:
                 flags = self._kept_characters(prompt.text[a:b], budget, [prompt.offsets[i] for i in members], a)
             for i, flag in zip(members, flags, strict=True):
                 if flag:
                     keep[i] = True
-        indices = torch.nonzero(keep).flatten().tolist()
-        protected = [bool(forced[i]) for i in indices]
+        where = np.flatnonzero(keep)
+        indices, protected = where.tolist(), forced[where].tolist()
         return Selection(
             indices=tuple(indices),
             n=n,

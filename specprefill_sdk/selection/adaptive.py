@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..errors import InvalidRequestError
 from ..types import Prompt
 from ..validation import check_int, check_rate
-from .base import Budget, BudgetSelector, ceil_count, prompt_protected
+from .base import Budget, BudgetSelector, ceil_count, prompt_protected, total
 
 __all__ = ["Adaptive"]
 
@@ -65,7 +65,7 @@ class Adaptive(BudgetSelector):
             f"dense_below_tokens={self.dense_below_tokens}{floor})"
         )
 
-    def budget(self, prompt: Prompt, values: torch.Tensor | None, forced: torch.Tensor) -> Budget | None:
+    def budget(self, prompt: Prompt, values: np.ndarray | None, forced: np.ndarray) -> Budget | None:
         n = prompt.n
         if n < self.dense_below_tokens:
             return Budget(count=n, rate=1.0, reason=f"adaptive: dense below {self.dense_below_tokens} tokens")
@@ -97,21 +97,20 @@ class Adaptive(BudgetSelector):
             return n
         return min(n, max(1, ceil_count(self.max_rate * n), int(prompt_protected(prompt).sum())))
 
-    def _covering_count(self, values: torch.Tensor) -> int:
+    def _covering_count(self, values: np.ndarray) -> int:
         """The fewest tokens whose scores sum to ``coverage`` of the total."""
-        if values.numel() == 0:
+        if values.size == 0:
             return 0
-        finite = torch.isfinite(values)
-        mass = torch.where(finite, values, torch.zeros_like(values)).to(torch.float64)
+        finite = np.isfinite(values)
+        mass = np.where(finite, values, 0).astype(np.float64)
         if finite.any():
             smallest = mass[finite].min()
             if smallest < 0:
-                mass = torch.where(finite, mass - smallest, torch.zeros_like(mass))
-        total = float(mass.sum())
-        if total <= 0:
-            return int(values.numel())
-        cumulative = torch.cumsum(torch.sort(mass, descending=True).values, dim=0)
+                mass = np.where(finite, mass - smallest, 0.0)
+        whole = total(mass)
+        if whole <= 0:
+            return int(values.size)
+        cumulative = np.cumsum(np.sort(mass)[::-1])
         # Tolerance: a coverage of 1.0 must not fail on rounding of the cumulative sum.
-        target = torch.tensor([self.coverage * total * (1 - 1e-12)], dtype=torch.float64)
-        index = int(torch.searchsorted(cumulative, target).item())
-        return min(index + 1, int(values.numel()))
+        index = int(np.searchsorted(cumulative, self.coverage * whole * (1 - 1e-12)))
+        return min(index + 1, int(values.size))

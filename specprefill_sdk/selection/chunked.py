@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..errors import InvalidRequestError
 from ..types import Prompt, Selection, TokenScores
@@ -17,6 +17,7 @@ from .base import (
     dense_selection,
     fill_chunks,
     prompt_protected,
+    row_sums,
     score_values,
     selection_from_mask,
 )
@@ -24,17 +25,17 @@ from .base import (
 __all__ = ["Chunked"]
 
 
-def chunk_means(values: torch.Tensor, size: int) -> torch.Tensor:
-    """The mean score of each chunk of ``size`` tokens; a shorter last chunk is the mean of its own tokens."""
+def chunk_means(values: np.ndarray, size: int) -> np.ndarray:
+    """The mean score (float64) of each chunk of ``size`` tokens; a shorter last chunk is the mean of its own tokens."""
     n = int(values.shape[0])
     chunks = math.ceil(n / size)
-    padded = torch.zeros(chunks * size, dtype=torch.float64)
-    padded[:n] = values.to(torch.float64)
-    lengths = torch.full((chunks,), float(size), dtype=torch.float64)
+    padded = np.zeros(chunks * size, dtype=np.float64)
+    padded[:n] = values
+    lengths = np.full(chunks, float(size))
     lengths[-1] = n - (chunks - 1) * size
-    means = padded.view(chunks, size).sum(dim=1) / lengths
+    means = row_sums(padded.reshape(chunks, size)) / lengths
     # A chunk holding a -inf score (a NaN from the scorer) ranks last, not as NaN.
-    return torch.nan_to_num(means, nan=-math.inf)
+    return np.nan_to_num(means, nan=-math.inf)
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,12 @@ class Chunked:
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the best chunks within the inner selector's rate (plus ``prompt.protected``)."""
-        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+        return self.fill(prompt, scores, np.zeros(prompt.n, dtype=bool))
 
-    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: np.ndarray) -> Selection:
         """Keep ``forced`` and add the best chunks until the chunk budget is reached."""
         values = score_values(prompt, scores)
-        forced = forced.to(torch.bool) | prompt_protected(prompt)
+        forced = np.asarray(forced, dtype=bool) | prompt_protected(prompt)
         n = prompt.n
         budget = self.inner.budget(prompt, values, forced)
         if budget is None:  # pragma: no cover - every budget is defined once scores are given
@@ -126,14 +127,14 @@ class Chunked:
                 requested_rate=budget.rate,
                 chunk_size=self.size,
             )
-        lengths = torch.full((chunks,), self.size, dtype=torch.long)
+        lengths = np.full(chunks, self.size, dtype=np.int64)
         lengths[-1] = n - (chunks - 1) * self.size
         # Every chunk costs `size`, the shorter last one too: it counts as one chunk of the budget.
         keep, chosen = fill_chunks(
             chunk_means(values, self.size),
-            torch.arange(n) // self.size,
+            np.arange(n) // self.size,
             lengths,
-            torch.full((chunks,), self.size, dtype=torch.long),
+            np.full(chunks, self.size, dtype=np.int64),
             forced,
             keep_chunks * self.size,
         )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..errors import InvalidRequestError
 from ..interfaces import KeepEstimating, Selector
@@ -43,7 +43,7 @@ class DenseBelow:
     def name(self) -> str:
         return f"DenseBelow({self.inner.name}, {self.tokens})"
 
-    def _dense(self, prompt: Prompt, forced: torch.Tensor) -> Selection:
+    def _dense(self, prompt: Prompt, forced: np.ndarray) -> Selection:
         return dense_selection(forced, f"dense below {self.tokens} tokens", requested_rate=1.0)
 
     def decide_without_scores(self, prompt: Prompt) -> Selection | None:
@@ -62,15 +62,16 @@ class DenseBelow:
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Dense for short prompts, else ``inner.select``."""
-        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+        return self.fill(prompt, scores, np.zeros(prompt.n, dtype=bool))
 
-    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: np.ndarray) -> Selection:
         """Like `select`, keeping ``forced`` too."""
+        forced = np.asarray(forced, dtype=bool)
         if prompt.n < self.tokens:
             score_values(prompt, scores)  # scores for another prompt are an error here too
             mask = getattr(self.inner, "mask", None)
-            own = mask(prompt) if callable(mask) else prompt_protected(prompt)
-            return self._dense(prompt, forced.to(torch.bool) | own)
+            own = np.asarray(mask(prompt), dtype=bool) if callable(mask) else prompt_protected(prompt)
+            return self._dense(prompt, forced | own)
         if isinstance(self.inner, FillSelector):
             return self.inner.fill(prompt, scores, forced)
         chosen = self.inner.select(prompt, scores)
@@ -78,8 +79,8 @@ class DenseBelow:
             return chosen
         # A selector without `fill` cannot count forced tokens toward its budget: add them on top.
         return selection_from_mask(
-            chosen.mask() | forced.to(torch.bool),
-            forced.to(torch.bool),
+            chosen.mask().numpy() | forced,
+            forced,
             requested_rate=chosen.requested_rate,
             chunk_size=chosen.chunk_size,
             reason=chosen.reason,

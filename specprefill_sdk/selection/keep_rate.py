@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..types import Prompt
 from ..validation import check_rate
@@ -36,6 +36,6 @@ class KeepRate(BudgetSelector):
     def name(self) -> str:
         return f"KeepRate({self.rate:g})"
 
-    def budget(self, prompt: Prompt, values: torch.Tensor | None, forced: torch.Tensor) -> Budget:
+    def budget(self, prompt: Prompt, values: np.ndarray | None, forced: np.ndarray) -> Budget:
         count = min(prompt.n, max(1, ceil_count(self.rate * prompt.n)))
         return Budget(count=count, rate=self.rate, reason=f"keep-rate {self.rate:g}")

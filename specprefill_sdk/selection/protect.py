@@ -6,13 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
+import numpy as np
 
 from ..errors import InvalidRequestError
 from ..interfaces import KeepEstimating, Selector
 from ..types import TEMPLATE_ROLE, Prompt, Selection, TokenScores
 from ..validation import check_int
-from .base import FillSelector, bool_tensor, dense_selection, prompt_protected, selection_from_mask
+from .base import FillSelector, bool_array, dense_selection, prompt_protected, selection_from_mask
 
 __all__ = ["TEXT_TAIL_TOKENS", "Protect"]
 
@@ -115,8 +115,8 @@ class Protect:
                 options.append(f"{key}={value!r}")
         return f"Protect({', '.join([self.inner.name, *options])})"
 
-    def mask(self, prompt: Prompt) -> torch.Tensor:
-        """The tokens of ``prompt`` this selector keeps by force (a bool tensor of length ``n``)."""
+    def mask(self, prompt: Prompt) -> np.ndarray:
+        """The tokens of ``prompt`` this selector keeps by force (a bool array of length ``n``)."""
         n = prompt.n
         mask = prompt_protected(prompt)
         if n == 0:
@@ -130,18 +130,16 @@ class Protect:
                 mask[max(0, n - tail) :] = True
         if self.roles:
             wanted = set(self.roles)
-            mask |= bool_tensor([r in wanted for r in prompt.roles])
+            mask |= bool_array([r in wanted for r in prompt.roles])
         if self.last_user_turn and prompt.messages:
             users = [i for i, m in enumerate(prompt.messages) if m.role == "user"]
             if users:
-                mask |= torch.tensor(prompt.message_index, dtype=torch.long) == users[-1]
+                mask |= np.fromiter(prompt.message_index, dtype=np.int64, count=n) == users[-1]
         if self.spans:
-            mask |= torch.tensor(
-                [any(a < e and s < b for s, e in self.spans) for a, b in prompt.offsets], dtype=torch.bool
-            )
+            mask |= bool_array([any(a < e and s < b for s, e in self.spans) for a, b in prompt.offsets])
         if self.special_tokens:
-            template = bool_tensor([r == TEMPLATE_ROLE for r in prompt.roles])
-            mask |= bool_tensor(prompt.special) | template
+            template = bool_array([r == TEMPLATE_ROLE for r in prompt.roles])
+            mask |= bool_array(prompt.special) | template
         return mask
 
     def decide_without_scores(self, prompt: Prompt) -> Selection | None:
@@ -152,7 +150,7 @@ class Protect:
         decided = self.inner.decide_without_scores(prompt)
         if decided is None:
             return None
-        keep = decided.mask() | forced
+        keep = decided.mask().numpy() | forced
         return selection_from_mask(
             keep,
             forced,
@@ -176,15 +174,15 @@ class Protect:
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the protected tokens and let ``inner`` fill the rest of its budget."""
-        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+        return self.fill(prompt, scores, np.zeros(prompt.n, dtype=bool))
 
-    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: np.ndarray) -> Selection:
         """Like `select`, with ``forced`` kept as well (so `Protect` can wrap a `Protect`)."""
-        forced = forced.to(torch.bool) | self.mask(prompt)
+        forced = np.asarray(forced, dtype=bool) | self.mask(prompt)
         if isinstance(self.inner, FillSelector):
             return self.inner.fill(prompt, scores, forced)
         chosen = self.inner.select(prompt, scores)
-        keep = chosen.mask() | forced
+        keep = chosen.mask().numpy() | forced
         return selection_from_mask(
             keep,
             forced,

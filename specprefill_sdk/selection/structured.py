@@ -15,7 +15,6 @@ from enum import IntEnum
 from itertools import chain, pairwise
 
 import numpy as np
-import torch
 
 from ..errors import InvalidRequestError
 from ..types import Prompt, Selection, TokenScores
@@ -188,11 +187,13 @@ def text_chunks(prompt: Prompt, min_size: int, max_size: int) -> list[int]:
     return lengths
 
 
-def _segment_means(values: torch.Tensor, chunk_of: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+def _segment_means(values: np.ndarray, chunk_of: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """The mean score of each chunk (float64); a chunk holding a -inf score (a NaN from the scorer)
     ranks last, not as NaN."""
-    sums = torch.zeros(int(lengths.shape[0]), dtype=torch.float64).index_add_(0, chunk_of, values.to(torch.float64))
-    return torch.nan_to_num(sums / lengths.to(torch.float64), nan=-math.inf)
+    # bincount adds the scores to their chunk's sum one token at a time, in token order: the rounding
+    # that torch's index_add_ gives, which these means have always had.
+    sums = np.bincount(chunk_of, weights=values.astype(np.float64), minlength=int(lengths.shape[0]))
+    return np.nan_to_num(sums / lengths, nan=-math.inf)
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ class StructuredChunks:
     def _reason(self, budget: Budget, what: str) -> str:
         return f"text chunks {self.min_size}-{self.max_size} over {budget.reason}: {what}"
 
-    def _whole(self, prompt: Prompt, budget: Budget, forced: torch.Tensor) -> Selection | None:
+    def _whole(self, prompt: Prompt, budget: Budget, forced: np.ndarray) -> Selection | None:
         """The dense selection when the budget covers the prompt, or the prompt is one chunk."""
         if budget.count >= prompt.n:
             return dense_selection(forced, self._reason(budget, "the whole prompt"), requested_rate=budget.rate)
@@ -311,22 +312,22 @@ class StructuredChunks:
 
     def select(self, prompt: Prompt, scores: TokenScores) -> Selection:
         """Keep the best text chunks within the inner selector's budget (plus ``prompt.protected``)."""
-        return self.fill(prompt, scores, torch.zeros(prompt.n, dtype=torch.bool))
+        return self.fill(prompt, scores, np.zeros(prompt.n, dtype=bool))
 
-    def fill(self, prompt: Prompt, scores: TokenScores, forced: torch.Tensor) -> Selection:
+    def fill(self, prompt: Prompt, scores: TokenScores, forced: np.ndarray) -> Selection:
         """Keep ``forced`` and add the best text chunks until the inner budget is reached."""
         if not has_text_offsets(prompt):
             return self._fallback_note(self._fixed.fill(prompt, scores, forced))
         values = score_values(prompt, scores)
-        forced = forced.to(torch.bool) | prompt_protected(prompt)
+        forced = np.asarray(forced, dtype=bool) | prompt_protected(prompt)
         budget = self.inner.budget(prompt, values, forced)
         if budget is None:  # pragma: no cover - every budget is defined once scores are given
             raise RuntimeError(f"{self.inner.name} gave no budget although scores were given")
         whole = self._whole(prompt, budget, forced)
         if whole is not None:
             return whole
-        lengths = torch.tensor(text_chunks(prompt, self.min_size, self.max_size), dtype=torch.long)
-        chunk_of = torch.repeat_interleave(torch.arange(int(lengths.shape[0])), lengths)
+        lengths = np.array(text_chunks(prompt, self.min_size, self.max_size), dtype=np.int64)
+        chunk_of = np.repeat(np.arange(int(lengths.shape[0])), lengths)
         means = _segment_means(values, chunk_of, lengths)
         keep, chosen = fill_chunks(means, chunk_of, lengths, lengths, forced, budget.count)
         reason = self._reason(budget, f"{chosen}/{int(lengths.shape[0])} chunks")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from ..types import Prompt
 from ..validation import check_int
@@ -34,7 +34,7 @@ class TokenBudget(BudgetSelector):
     def name(self) -> str:
         return f"TokenBudget({self.k})"
 
-    def budget(self, prompt: Prompt, values: torch.Tensor | None, forced: torch.Tensor) -> Budget:
+    def budget(self, prompt: Prompt, values: np.ndarray | None, forced: np.ndarray) -> Budget:
         count = min(self.k, prompt.n)
         rate = count / prompt.n if prompt.n else 1.0
         return Budget(count=count, rate=rate, reason=f"token-budget {self.k}", by_rate=False)
