@@ -103,6 +103,21 @@ def test_profile_gpu_check_mode_breaks_scoring_into_phases(tmp_path):
     assert "## Scoring phases" in (tmp_path / "profile_gpu_h200.md").read_text()
 
 
+def test_draft_engine_check_mode_times_the_plain_prefill_and_each_scorer(tmp_path):
+    _run("draft_engine_gpu.py", "--tiny", "--no-vllm", "--repeats", "1", "--lengths", "256", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "draft_engine_gpu.json").read_text())
+    assert result["engine"] is None and [r["n"] for r in result["rows"]] == [256]
+    row = result["rows"][0]
+    assert row["hf_prefill_ms"] > 0 and "vllm_prefill_ms" not in row
+    assert set(row["score"]) == {"paper", "paper-la1", "auto"}
+    assert all(e["ms"] > 0 and e["to_hf_prefill"] > 0 for e in row["score"].values())
+    # the default policy's scorer as users get it: two thirds of the (two-layer) draft, the deepest voting
+    auto = result["scorers"]["auto"]["repr"]
+    assert "look_ahead=1" in auto and "layers=1" in auto and "last-layer" in auto
+    assert "| 256 |" in (tmp_path / "draft_engine_gpu.md").read_text()
+    assert (tmp_path / "draft_engine_gpu.png").stat().st_size > 0
+
+
 def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
     _run("exactness_gpu.py", "--tiny", "--out", str(tmp_path))
     result = json.loads((tmp_path / "exactness_gpu_h200.json").read_text())
