@@ -111,7 +111,10 @@ def engine_prefill(llm: Any, ids: list[int]) -> None:
     """One request of ``ids`` to the engine, one greedy token back (its time is the engine's prefill)."""
     import vllm
 
-    params = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    try:
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0, detokenize=False)
+    except TypeError:  # a vLLM without the field: nothing to detokenize anyway without a tokenizer
+        params = vllm.SamplingParams(max_tokens=1, temperature=0.0)
     outputs = llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
     if len(outputs[0].outputs[0].token_ids) != 1:
         raise RuntimeError(f"the engine returned {outputs[0].outputs[0].token_ids!r}, not one token")
