@@ -11,10 +11,10 @@ weights; speed does not depend on their values) and the same random prompts:
   caching off, a new prompt every call), engine defaults otherwise (torch.compile, CUDA graphs);
 - ``hf_prefill_ms``: a plain transformers forward of the draft (SDPA, KV cache written, last
   logits only);
-- ``score_ms`` per policy (``paper``: look-ahead 8, every layer; ``paper-la1``: look-ahead 1;
-  ``auto``: the default policy's scorer, the draft's first two thirds, the deepest voting): the
-  scorer exactly as `load_pipeline` builds it for a user (default mode: compiled and warmed up at load
-  on CUDA), ``scorer.score(prompt)``.
+- ``score_ms`` per policy (``paper``: look-ahead 8, every layer, as the default ``auto`` scores;
+  ``paper-la1``: look-ahead 1; ``auto-shallow``: the draft's first two thirds, the deepest voting):
+  the scorer exactly as `load_pipeline` builds it for a user (default mode: compiled and warmed up at
+  load on CUDA), ``scorer.score(prompt)``.
 
 ``score_ms / vllm_prefill_ms`` below 1 means the transformers scorer already costs less than the
 second engine's prefill would, before that engine had captured anything. Medians of ``--repeats``
@@ -51,11 +51,11 @@ from specprefill_sdk.types import Prompt
 
 logger = logging.getLogger("draft_engine_gpu")
 
-#: The scorers compared: (label, policy, overrides). ``auto`` is the default policy as shipped.
+#: The scorers compared: (label, policy, overrides). ``auto`` scores as ``paper`` does.
 POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("paper", "paper", {}),
     ("paper-la1", "paper", {"look_ahead": 1}),
-    ("auto", "auto", {}),
+    ("auto-shallow", "auto-shallow", {}),
 )
 #: What vLLM needs in a config.json that the hand-written configs leave out.
 _VLLM_NAMES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}

@@ -109,10 +109,10 @@ def test_draft_engine_check_mode_times_the_plain_prefill_and_each_scorer(tmp_pat
     assert result["engine"] is None and [r["n"] for r in result["rows"]] == [256]
     row = result["rows"][0]
     assert row["hf_prefill_ms"] > 0 and "vllm_prefill_ms" not in row
-    assert set(row["score"]) == {"paper", "paper-la1", "auto"}
+    assert set(row["score"]) == {"paper", "paper-la1", "auto-shallow"}
     assert all(e["ms"] > 0 and e["to_hf_prefill"] > 0 for e in row["score"].values())
-    # the default policy's scorer as users get it: two thirds of the (two-layer) draft, the deepest voting
-    auto = result["scorers"]["auto"]["repr"]
+    # the preset's scorer as users get it: two thirds of the (two-layer) draft, the deepest voting
+    auto = result["scorers"]["auto-shallow"]["repr"]
     assert "look_ahead=1" in auto and "layers=1" in auto and "last-layer" in auto
     assert "| 256 |" in (tmp_path / "draft_engine_gpu.md").read_text()
     assert (tmp_path / "draft_engine_gpu.png").stat().st_size > 0
