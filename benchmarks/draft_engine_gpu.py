@@ -32,18 +32,16 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from _common import add_output_args, command_line, save_figure, setup_logging, write_json, write_results
-from ttft_gpu import CONFIGS, build_model, plain_forward, synthetic_tokenizer, tiny
+from ttft_gpu import CONFIGS, Bench, build_model, plain_forward, synthetic_tokenizer, tiny
+from ttft_gpu import environment as device_environment
 
 from specprefill_sdk.models import LoadedModel
 from specprefill_sdk.policies import load_pipeline, load_policy
@@ -59,24 +57,6 @@ POLICIES: tuple[tuple[str, str, dict[str, Any]], ...] = (
 )
 #: What vLLM needs in a config.json that the hand-written configs leave out.
 _VLLM_NAMES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def median_ms(device: torch.device, fn: Callable[[], Any], repeats: int) -> tuple[float, list[float]]:
-    """The median wall time of ``fn()`` in ms over ``repeats`` calls after one warm-up call, with the runs."""
-    fn()
-    runs = []
-    for _ in range(repeats):
-        sync(device)
-        t0 = time.perf_counter()
-        fn()
-        sync(device)
-        runs.append((time.perf_counter() - t0) * 1000)
-    return statistics.median(runs), runs
 
 
 def vllm_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -170,6 +150,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     draft = build_model(args.draft, config, device, tokenizer)
     scorers, built = build_scorers(draft)
     result["scorers"] = {label: {"repr": repr(s), "build_s": built[label]} for label, s in scorers.items()}
+    bench = Bench(device, args.repeats, deadline=float("inf"))
     gen = torch.Generator().manual_seed(7)
     vocab = int(config["vocab_size"])
     for n in args.lengths:
@@ -181,13 +162,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             def engine_call(engine: Any = engine, n: int = n) -> None:
                 engine_prefill(engine, torch.randint(1000, vocab - 1000, (n,), generator=gen).tolist())
 
-            row["vllm_prefill_ms"], row["vllm_prefill_runs"] = median_ms(device, engine_call, args.repeats)
-        row["hf_prefill_ms"], row["hf_prefill_runs"] = median_ms(
-            device, lambda ids=ids: plain_forward(draft, ids), args.repeats
-        )
+            row["vllm_prefill_ms"], row["vllm_prefill_runs"] = bench.median(engine_call)
+        row["hf_prefill_ms"], row["hf_prefill_runs"] = bench.median(lambda ids=ids: plain_forward(draft, ids))
         row["score"] = {}
         for label, scorer in scorers.items():
-            ms, runs = median_ms(device, lambda scorer=scorer, prompt=prompt: scorer.score(prompt), args.repeats)
+            ms, runs = bench.median(lambda scorer=scorer, prompt=prompt: scorer.score(prompt))
             entry: dict[str, Any] = {"ms": ms, "runs": runs, "to_hf_prefill": ms / row["hf_prefill_ms"]}
             if "vllm_prefill_ms" in row:
                 entry["to_vllm_prefill"] = ms / row["vllm_prefill_ms"]
@@ -199,9 +178,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def environment(device: torch.device) -> dict[str, Any]:
-    env: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__}
-    if device.type == "cuda":
-        env["gpu"] = torch.cuda.get_device_name(device)
+    """`ttft_gpu.environment`, and the vLLM version (None without vLLM)."""
+    env = device_environment(device)
     try:
         import vllm
 

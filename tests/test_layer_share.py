@@ -90,3 +90,14 @@ def test_a_policy_with_a_share_shares_the_loaded_draft(smollm, scorer) -> None:
     assert variant is not scorer and variant.loaded is smollm and variant.layers == 20
     assert draft_variant(_share_policy().scorer, variant) is variant  # already those knobs
     assert draft_variant(load_policy("paper").scorer, variant).layers is None  # every layer again
+
+
+def test_the_auto_shallow_preset_scores_as_shipped(smollm, scorer) -> None:
+    # what `--policy auto-shallow` builds on the embedded draft: two thirds of its 30 layers, the deepest voting
+    policy = load_policy("auto-shallow")
+    built = policy.build_scorer(smollm)
+    assert isinstance(built, DraftAttentionScorer)
+    assert (built.layers, built.look_ahead, built.aggregation, built.last_layer) == (20, 1, "last-layer", 19)
+    variant = draft_variant(policy.scorer, scorer)
+    assert variant.loaded is smollm and (variant.layers, variant.aggregation) == (20, "last-layer")
+    assert policy.selector.kind == "adaptive" and policy.selector.coverage == 0.95
