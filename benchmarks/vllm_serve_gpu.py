@@ -52,6 +52,11 @@ NAME = "vllm_serve_gpu"
 MODELS = Path("/tmp/models")
 #: Engine options both servers get (a fair comparison: same memory, same scheduler limits).
 ENGINE = ["--gpu-memory-utilization", "0.80", "--seed", "0"]
+#: A sweep's first rate, as a share of the server's unloaded capacity (one over its unloaded TTFT):
+#: vanilla's level is already lost near half its capacity; ours starts higher, as its level is vanilla's.
+START_SHARE = {"vanilla": 0.3, "ours": 0.5}
+#: Prompts per swept rate: about TARGET_S seconds of arrivals, at least MIN_PROMPTS.
+MIN_PROMPTS, TARGET_S = 10, 24.0
 
 
 def elapsed() -> float:
@@ -558,7 +563,9 @@ def _stream_usage(base: str, body: dict[str, Any]) -> dict[str, Any]:
             if not line.startswith("data: {"):
                 continue
             event = json.loads(line[6:])
-            if ttft is None and any(c.get("text") for c in event.get("choices") or []):
+            # the first chunk of a step, even one whose text waits for the rest of a character (as
+            # the load generator times it): random weights often start with a partial character
+            if ttft is None and event.get("choices"):
                 ttft = (time.perf_counter() - t0) * 1000
             usage = event.get("usage") or usage
     if ttft is None or not usage:
@@ -587,38 +594,47 @@ def _text_of(tok: Any, ids: list[int], length: int) -> str:
 def probe_components(
     server: Server, length: int, served: str, tokenizer: Path | None = None, reps: int = 4
 ) -> dict[str, Any]:
-    """Draft scoring and kept-prefill times (the server's usage fields), one request at a time.
+    """Draft scoring and kept-prefill times (the server's usage fields), one streamed request at a time.
 
     The ids probe sends token ids (no tokenizing): its ``score_ms`` and ``prefill_ms`` make the
-    ceiling. With ``tokenizer``, a second probe sends the same prompts as text and streamed, as
+    ceiling. With ``tokenizer``, a second probe sends prompts of the same length as text, as
     ``vllm bench serve`` does, and keeps the median of every stage field (``text``): where the
     unloaded TTFT goes beyond the two model steps.
     """
-    ids_rows = []
-    for r in range(reps):
-        body = {"model": served, "prompt": random_ids(length, seed=900 + r), "max_tokens": 1, "temperature": 0}
-        status, payload = http("POST", server.base + "/v1/completions", body, timeout=300)
-        if status != 200:
-            raise RuntimeError(f"probe: status {status}: {str(payload)[:300]}")
-        usage = payload["usage"]["specprefill"]
-        ids_rows.append({k: usage[k] for k in ("kept_tokens", *STAGES) if isinstance(usage.get(k), int | float)})
-    result: dict[str, Any] = {
-        **_medians(ids_rows),
-        "kept_tokens": statistics.median(r["kept_tokens"] for r in ids_rows),
-    }
+    bodies = _probe_bodies(length, served, reps)
+    result: dict[str, Any] = _medians([_stream_usage(server.base, body) for body in bodies])
     if tokenizer is not None:
-        from transformers import AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(str(tokenizer))
-        base = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
         try:
-            texts = [_text_of(tok, random_ids(length, seed=950 + r), length) for r in range(reps)]
-            result["text"] = _medians([_stream_usage(server.base, {**base, "prompt": t}) for t in texts])
+            bodies = _probe_bodies(length, served, reps, tokenizer)
+            result["text"] = _medians([_stream_usage(server.base, body) for body in bodies])
             logger.info("text probe at %d: %s", length, {k: round(v, 1) for k, v in result["text"].items()})
         except Exception as exc:  # the ceiling's probe above still counts
             logger.exception("the text probe failed")
             result["text_error"] = f"{type(exc).__name__}: {exc}"
     return result
+
+
+def probe_vanilla(server: Server, length: int, served: str, tokenizer: Path, reps: int = 3) -> dict[str, Any]:
+    """Vanilla's client TTFT for streamed prompts given as token ids and as text, one at a time.
+
+    The difference is what vanilla's own server spends on tokenizing the text: the host time that
+    both servers pay, which the ceiling (model steps only) leaves out.
+    """
+    return {
+        "ids": _medians([_stream_usage(server.base, body) for body in _probe_bodies(length, served, reps)]),
+        "text": _medians([_stream_usage(server.base, b) for b in _probe_bodies(length, served, reps, tokenizer)]),
+    }
+
+
+def _probe_bodies(length: int, served: str, reps: int, tokenizer: Path | None = None) -> list[dict[str, Any]]:
+    """``reps`` streamed completion bodies of ``length``-token random prompts: ids, or text with ``tokenizer``."""
+    base = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    if tokenizer is None:
+        return [{**base, "prompt": random_ids(length, seed=900 + r)} for r in range(reps)]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    return [{**base, "prompt": _text_of(tok, random_ids(length, seed=950 + r), length)} for r in range(reps)]
 
 
 def sweep_server(
@@ -631,14 +647,14 @@ def sweep_server(
     slo_ms: float,
     start_rate: float,
     budget_s: float,
-    target_s: float = 24.0,
+    target_s: float = TARGET_S,
 ) -> list[dict[str, Any]]:
     """Rising Poisson rates until p90 TTFT passes the service level twice (or the budget ends)."""
     rows: list[dict[str, Any]] = []
     rate, over = start_rate, 0
     t_end = time.monotonic() + budget_s
     while time.monotonic() < t_end and len(rows) < 9:
-        prompts = int(min(160, max(12, math.ceil(rate * target_s))))
+        prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
         row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
         row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
                                  and not row.get("failed"))  # fmt: skip
@@ -651,6 +667,12 @@ def sweep_server(
         else:
             rate *= 1.5 if (row.get("p90_ttft_ms") or 0) < 0.6 * slo_ms else 1.25
     return rows
+
+
+def _budget_share(left: float, lengths: list[int], length: int) -> float:
+    """The part of ``left`` seconds for ``length``'s sweep: in proportion to the prompt lengths still to sweep."""
+    rest = lengths[lengths.index(length) :]
+    return left * length / sum(rest)
 
 
 def max_rate_within(rows: list[dict[str, Any]]) -> float | None:
@@ -681,6 +703,10 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
         "engine_options": [*ENGINE, "--max-model-len", str(max_len), *extra],
         "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
         "--random-range-ratio 0, Poisson arrivals, a new dataset seed per run (no prompt is sent twice)",
+        "sweep_rule": f"rates from {START_SHARE['vanilla']:g} (vanilla) and {START_SHARE['ours']:g} (ours) x the "
+        "server's unloaded capacity, x1.5 while p90 TTFT < 0.6 x SLO, else "
+        f"x1.25, until two rates miss the SLO (or one misses it three-fold); about {TARGET_S:g} s of arrivals per "
+        f"rate, at least {MIN_PROMPTS} prompts",
         "lengths": {},
     }
     RESULTS["stages"][f"sweep_{pair}"] = result
@@ -700,10 +726,15 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
             row["vanilla_unloaded"] = unloaded
             slo = 2 * float(unloaded["median_ttft_ms"])
             row["slo_p90_ttft_ms"] = slo
+            try:
+                row["vanilla_probe"] = probe_vanilla(vanilla, length, served, tokenizer)
+            except Exception as exc:  # a diagnostic: the sweep still runs
+                logger.exception("the vanilla probe failed")
+                row["vanilla_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = share - (time.monotonic() - t_stage)
-            row["vanilla"] = sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, 0.3 * capacity,
-                                          left / max(1, len(lengths) - lengths.index(length)))  # fmt: skip
+            first, budget = START_SHARE["vanilla"] * capacity, _budget_share(left, lengths, length)
+            row["vanilla"] = sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
             save(out)
     finally:
         vanilla.stop()
@@ -735,8 +766,9 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
             row["share_of_ceiling"] = row["unloaded_speedup"] / row["ceiling"]
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = share - (time.monotonic() - t_stage)
-            row["ours"] = sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"],
-                                       0.3 * capacity, left / max(1, len(lengths) - lengths.index(length)))  # fmt: skip
+            first, budget = START_SHARE["ours"] * capacity, _budget_share(left, lengths, length)
+            row["ours"] = sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"], first,
+                                       budget)  # fmt: skip
             _status, health = http("GET", ours.base + "/health")
             row["ours_health_after"] = health
             v, o = max_rate_within(row["vanilla"]), max_rate_within(row["ours"])
@@ -789,6 +821,33 @@ def _stage_table(lengths: dict[str, Any]) -> list[str]:
     ]
     for k in dict.fromkeys(keys):
         lines.append(f"| {k} | " + " | ".join(_f(t.get(k), 1) for t in texts.values()) + " |")
+    return [*lines, ""]
+
+
+def _host_table(lengths: dict[str, Any]) -> list[str]:
+    """Each server's client TTFT for a streamed prompt sent as token ids and as text (one request at a time)."""
+    cells: dict[str, dict[str, Any]] = {}
+    for length, row in lengths.items():
+        vanilla, comp = row.get("vanilla_probe") or {}, row.get("components") or {}
+        got = {
+            "vllm serve, ids": (vanilla.get("ids") or {}).get("client_ttft_ms"),
+            "vllm serve, text": (vanilla.get("text") or {}).get("client_ttft_ms"),
+            "ours, ids": comp.get("client_ttft_ms"),
+            "ours, text": (comp.get("text") or {}).get("client_ttft_ms"),
+        }
+        if any(v is not None for v in got.values()):
+            cells[length] = got
+    if not cells:
+        return []
+    lines = [
+        "Client TTFT of one streamed request at a time, the prompt sent as token ids or as text (ms; the "
+        "difference is the server's tokenizing of the text, which both servers pay):",
+        "",
+        "| request | " + " | ".join(f"{int(length):,}" for length in cells) + " |",
+        "|---|" + "---:|" * len(cells),
+    ]
+    for key in next(iter(cells.values())):
+        lines.append(f"| {key} | " + " | ".join(_f(c.get(key), 1) for c in cells.values()) + " |")
     return [*lines, ""]
 
 
@@ -882,7 +941,9 @@ def render(results: dict[str, Any]) -> str:
             lines += [f"Failed: `{sweep['error'][:300]}`", ""]
         lines += [
             f"Policy {sweep.get('policy')}; engine options for both servers: "
-            f"`{' '.join(sweep.get('engine_options', []))}`; load: {sweep.get('load_generator')}. Start-up: vanilla "
+            f"`{' '.join(sweep.get('engine_options', []))}`; load: {sweep.get('load_generator')}"
+            + (f"; {sweep['sweep_rule']}" if sweep.get("sweep_rule") else "")
+            + ". Start-up: vanilla "
             f"{_f(sweep.get('startup_s_vanilla'), 1)} s, ours {_f(sweep.get('startup_s_ours'), 1)} s.",
             "",
             "| input | vanilla unloaded TTFT | SLO (p90) | ours unloaded TTFT | scoring + kept prefill | ceiling | "
@@ -897,7 +958,7 @@ def render(results: dict[str, Any]) -> str:
         for length, row in sweep.get("lengths", {}).items():
             lines.append(_summary_row(length, row))
             detail += [_rate_row(length, server, r) for server in ("vanilla", "ours") for r in row.get(server) or []]
-        lines += ["", *_stage_table(sweep.get("lengths", {}))]
+        lines += ["", *_stage_table(sweep.get("lengths", {})), *_host_table(sweep.get("lengths", {}))]
         lines += ["", "Every rate of the sweeps (TTFT in ms):", "", *detail, ""]
         for check in sweep.get("keep_all_vs_vanilla") or []:
             verdict = "equal" if check["equal"] else f"differ from token {check['first_divergence']}"

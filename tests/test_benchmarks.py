@@ -247,6 +247,26 @@ def test_the_serving_probe_prints_the_median_of_each_stage_field_of_its_text_req
     assert table.index("client_ttft_ms") < table.index("tokenize_ms") < table.index("host_ms")
 
 
+def test_the_serving_sweep_gives_each_length_time_in_proportion_and_prints_both_servers_ids_and_text_ttft():
+    module = _script("vllm_serve_gpu")
+    lengths = [32768, 16384, 8192]
+    assert module._budget_share(560.0, lengths, 32768) == 560.0 * 32768 / 57344
+    assert module._budget_share(300.0, lengths, 16384) == 300.0 * 2 / 3  # what is left, over the rest
+    assert module._budget_share(100.0, lengths, 8192) == 100.0
+    rows = {
+        "32768": {
+            "vanilla_probe": {"ids": {"client_ttft_ms": 4500.0}, "text": {"client_ttft_ms": 4560.0}},
+            "components": {"client_ttft_ms": 600.0, "text": {"client_ttft_ms": 650.0}},
+        },
+        "8192": {"vanilla_probe": {"ids": {"client_ttft_ms": 900.0}}},
+        "4096": {},
+    }
+    table = "\n".join(module._host_table(rows))
+    assert "| request | 32,768 | 8,192 |" in table  # a length without probes gets no column
+    assert "| vllm serve, ids | 4,500.0 | 900.0 |" in table and "| ours, text | 650.0 | - |" in table
+    assert module._host_table({"8192": {}}) == []
+
+
 def test_the_server_path_benchmark_times_each_step_with_a_real_tokenizer(tmp_path):
     _run(
         "server_path_cpu.py",
