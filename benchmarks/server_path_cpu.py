@@ -7,7 +7,9 @@ those two model steps for one such request, the way the server runs it, with the
 
 - ``parse``: the JSON body (``json.loads``) validated into the server's `CompletionRequest`;
 - ``tokenize``: `build_prompt` of the text (the one tokenization of the request: the draft reads the
-  prompt's ids when it shares the target's vocabulary) and the vocabulary check of the ids;
+  prompt's ids when it shares the target's vocabulary) and the vocabulary check of the ids, the
+  text encoded in parallel pieces as the SDK does on this host, and once more in one ``encode``
+  call (``TOKENIZERS_PARALLELISM=false``, where the SDK does not cut);
 - ``queue``: a prompt through an idle `ScoringQueue` (one request running) to a scorer that answers
   at once, as the server's queue is set up, and through the same queue without its count of running
   requests (a shorter prompt would then wait the queue's window for a second one; one above the
@@ -64,6 +66,29 @@ def text_of(tokenizer: Any, tokens: int) -> str:
         tokenizer("x", add_special_tokens=False)["input_ids"]
     )
     return text[: enc["offset_mapping"][tokens - 1 - special][1]]
+
+
+@contextmanager
+def parallelism(setting: str) -> Iterator[None]:
+    """``TOKENIZERS_PARALLELISM`` set to ``setting`` for the duration."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = setting
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["TOKENIZERS_PARALLELISM"]
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = before
+
+
+def pieces(tokenizer: Any, text: str) -> int:
+    """How many pieces `build_prompt` encodes ``text`` in (1 on a tree from before the pieces)."""
+    try:
+        from specprefill_sdk._parallel_encode import piece_starts
+    except ImportError:
+        return 1
+    return len(piece_starts(tokenizer.backend_tokenizer, text))
 
 
 def _spin() -> None:
@@ -136,6 +161,9 @@ def steps(name: str, tokens: int, repeats: int) -> dict[str, Any]:
     row: dict[str, Any] = {"tokenizer": name, "tokens": prompt.n, "chars": len(text), "kept": compressed.kept}
     row["parse_ms"] = median_ms(lambda: CompletionRequest.model_validate(json.loads(body)), repeats, 1)
     row["tokenize_ms"] = median_ms(tokenize, repeats, 1)
+    with parallelism("false"):
+        row["tokenize_whole_ms"] = median_ms(tokenize, repeats, 1)
+    row["pieces"] = pieces(tokenizer, text)
     # The server's queue counts its running requests (here: this one alone).
     with ScoringQueue(active=lambda: 1) as idle:
         row["queue_idle_ms"] = median_ms(lambda: idle.submit(scorer, prompt), repeats, 1)
@@ -188,6 +216,7 @@ def markdown(result: dict[str, Any]) -> str:
     names = {
         "parse_ms": "parse the JSON body into CompletionRequest",
         "tokenize_ms": "tokenize (build_prompt + vocabulary check)",
+        "tokenize_whole_ms": "tokenize, the text in one encode call (TOKENIZERS_PARALLELISM=false)",
         "queue_idle_ms": "scoring queue, idle (one request running)",
         "queue_window_ms": "scoring queue without the running count (a prompt above the batch budget goes at once)",
         "select_ms": f"select ({result['policy']} selector)",
@@ -202,6 +231,8 @@ def markdown(result: dict[str, Any]) -> str:
     for key, label in names.items():
         lines.append(f"| {label} | " + " | ".join(f"{r[key]:.2f}" for r in rows) + " |")
     lines += ["", "Kept tokens: " + ", ".join(f"{r['tokenizer']} {r['kept']:,}" for r in rows) + "."]
+    pieces = ", ".join(f"{r['tokenizer']} {r.get('pieces', 1)}" for r in rows)
+    lines += [f"Pieces the text is encoded in: {pieces}."]
     return "\n".join(lines) + "\n"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _parallel_encode
 from .errors import InvalidRequestError
 from .types import TEMPLATE_ROLE, TEXT_ROLE, Message, Prompt
 
@@ -124,8 +125,8 @@ def _backend(tokenizer: Any) -> Any:
 def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
     backend = _backend(tokenizer)
     if backend is not None:
-        enc = backend.encode(text, add_special_tokens=add_special_tokens)
-        return enc.ids, enc.offsets
+        # A long text in pieces on several cores where that is exact (`_parallel_encode`), else whole.
+        return _parallel_encode.encode(backend, text, add_special_tokens)
     enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     ids = [int(i) for i in enc["input_ids"]]
     offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]

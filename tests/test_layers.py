@@ -64,6 +64,7 @@ LAYERS: dict[str, str] = {
     "_lazy": "floor",
     "_aio": "floor",
     "_timing": "floor",
+    "_parallel_encode": "floor",
     "cost": "floor",
     "_cancel": "floor",
 }
