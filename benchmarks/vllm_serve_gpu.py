@@ -173,7 +173,8 @@ def qwen_dir(kind: str, tokenizer: Path, weights: bool) -> Path:
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
         "hidden_act": "silu",
-        "max_position_embeddings": 32768,
+        # room for a 32K prompt and its answer (vLLM refuses a context beyond this)
+        "max_position_embeddings": 40960,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
         "use_sliding_window": False,
@@ -649,11 +650,11 @@ def sweep_server(
     budget_s: float,
     target_s: float = TARGET_S,
 ) -> list[dict[str, Any]]:
-    """Rising Poisson rates until p90 TTFT passes the service level twice (or the budget ends)."""
+    """Rising Poisson rates until p90 TTFT passes the service level twice, or the budget ends (after the first rate)."""
     rows: list[dict[str, Any]] = []
     rate, over = start_rate, 0
     t_end = time.monotonic() + budget_s
-    while time.monotonic() < t_end and len(rows) < 9:
+    while not rows or (time.monotonic() < t_end and len(rows) < 9):
         prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
         row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
         row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
@@ -685,7 +686,20 @@ def max_rate_within(rows: list[dict[str, Any]]) -> float | None:
     return best
 
 
-def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budget_s: float) -> dict[str, Any]:
+def stage_sweep(
+    out: Path,
+    tokenizer: Path,
+    pair: str,
+    lengths: list[int],
+    budget_s: float,
+    vanilla_budget_s: float | None = None,
+    vanilla_probe_reps: int = 3,
+) -> dict[str, Any]:
+    """Both servers, one after the other: unloaded probes, then rising Poisson rates per length.
+
+    ``budget_s`` is the sweeps' time for the pair, half for each server unless ``vanilla_budget_s``
+    sets vanilla's part (ours gets the rest); a sweep always runs its first rate.
+    """
     if pair == "llama":
         target, draft = llama_dir("8b", tokenizer, weights=False), llama_dir("1b", tokenizer, weights=True)
         names = ("Llama-3.1-8B architecture", "Llama-3.2-1B architecture")
@@ -710,7 +724,9 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
         "lengths": {},
     }
     RESULTS["stages"][f"sweep_{pair}"] = result
-    share = budget_s / 2
+    shares = {"vanilla": budget_s / 2 if vanilla_budget_s is None else vanilla_budget_s}
+    shares["ours"] = budget_s - shares["vanilla"]
+    result["budget_s"] = shares
     vanilla = Server(f"{pair}_vanilla", vanilla_cmd(target, served, 8501, max_len, extra), 8501, out,
                      env={"SPECPREFILL_VLLM_PLUGIN": "0"})  # fmt: skip
     try:
@@ -727,12 +743,13 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
             slo = 2 * float(unloaded["median_ttft_ms"])
             row["slo_p90_ttft_ms"] = slo
             try:
-                row["vanilla_probe"] = probe_vanilla(vanilla, length, served, tokenizer)
+                if vanilla_probe_reps:
+                    row["vanilla_probe"] = probe_vanilla(vanilla, length, served, tokenizer, vanilla_probe_reps)
             except Exception as exc:  # a diagnostic: the sweep still runs
                 logger.exception("the vanilla probe failed")
                 row["vanilla_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
-            left = share - (time.monotonic() - t_stage)
+            left = shares["vanilla"] - (time.monotonic() - t_stage)
             first, budget = START_SHARE["vanilla"] * capacity, _budget_share(left, lengths, length)
             row["vanilla"] = sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
             save(out)
@@ -765,7 +782,7 @@ def stage_sweep(out: Path, tokenizer: Path, pair: str, lengths: list[int], budge
             row["unloaded_speedup"] = vanilla_ms / float(unloaded["median_ttft_ms"])
             row["share_of_ceiling"] = row["unloaded_speedup"] / row["ceiling"]
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
-            left = share - (time.monotonic() - t_stage)
+            left = shares["ours"] - (time.monotonic() - t_stage)
             first, budget = START_SHARE["ours"] * capacity, _budget_share(left, lengths, length)
             row["ours"] = sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"], first,
                                        budget)  # fmt: skip
@@ -1022,6 +1039,13 @@ def main() -> int:
     parser.add_argument("--pair", choices=("llama", "qwen"), default="llama")
     parser.add_argument("--lengths", default="32768,8192")
     parser.add_argument("--budget", type=float, default=900.0, help="seconds for the sweeps of one pair")
+    parser.add_argument("--budget-vanilla", type=float, default=None, help="vanilla's part of --budget (default: half)")
+    parser.add_argument("--start-vanilla", type=float, default=START_SHARE["vanilla"],
+                        help="vanilla's first rate, as a share of its unloaded capacity")  # fmt: skip
+    parser.add_argument("--start-ours", type=float, default=START_SHARE["ours"],
+                        help="our server's first rate, as a share of its unloaded capacity")  # fmt: skip
+    parser.add_argument("--vanilla-probe-reps", type=int, default=3,
+                        help="vanilla's ids-and-text probe requests per kind and length (0: none)")  # fmt: skip
     parser.add_argument("--real-lengths", default="8192,32768", help="prompt lengths of the real-weight stage")
     parser.add_argument("--real-samples", type=int, default=4, help="samples per task and length (real stage)")
     parser.add_argument("--real-seed", type=int, default=7, help="seed of the real stage's samples")
@@ -1029,6 +1053,7 @@ def main() -> int:
     parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
     args = parser.parse_args()
     globals()["NAME"] = args.name
+    START_SHARE.update(vanilla=args.start_vanilla, ours=args.start_ours)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     if args.render is not None:
         data = json.loads(args.render.read_text())
@@ -1050,7 +1075,8 @@ def main() -> int:
                 stage_real(args.out, lengths, args.real_samples, args.real_seed)
             elif stage == "sweep":
                 lengths = [int(x) for x in args.lengths.split(",")]
-                stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget)
+                stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget, args.budget_vanilla,
+                            args.vanilla_probe_reps)  # fmt: skip
             else:
                 raise SystemExit(f"unknown stage {stage!r}")
         except Exception as exc:

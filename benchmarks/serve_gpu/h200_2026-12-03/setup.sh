@@ -9,5 +9,5 @@ D=/tmp/proj/benchmarks/serve_gpu/h200_2026-12-03
 cd /tmp/proj
 python3 -c "import vllm, specprefill_sdk.server, fastapi, uvicorn, opentelemetry; print('imports ok', vllm.__version__)"
 nproc; python3 -c "import os; print(len(os.sched_getaffinity(0)))"
-setsid nohup bash $D/job.sh > $RES/job.log 2>&1 < /dev/null &
+setsid nohup bash $D/${JOB:-job.sh} > $RES/job.log 2>&1 < /dev/null &
 sleep 2; echo started

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# the second machine (the first was taken back mid-run): the Qwen2.5-32B / 0.5B architecture pair at 32K only,
+# vanilla at one rate (half its unloaded capacity), ours at its first two rates
+D=/tmp/proj/benchmarks/serve_gpu/h200_2026-12-03
+. $D/env.sh
+cd /tmp/proj
+python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages sweep --pair qwen \
+  --lengths 32768 --budget 101 --budget-vanilla 1 --start-vanilla 0.5 --start-ours 0.5 --vanilla-probe-reps 0 \
+  --name vllm_serve_gpu_qwen
+touch $RES/job.done
