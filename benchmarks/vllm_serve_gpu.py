@@ -57,6 +57,8 @@ ENGINE = ["--gpu-memory-utilization", "0.80", "--seed", "0"]
 START_SHARE = {"vanilla": 0.3, "ours": 0.5}
 #: Prompts per swept rate: about TARGET_S seconds of arrivals, at least MIN_PROMPTS.
 MIN_PROMPTS, TARGET_S = 10, 24.0
+#: Prompts of the one-at-a-time run that sets each server's unloaded TTFT.
+UNLOADED_PROMPTS = 5
 
 
 def elapsed() -> float:
@@ -720,7 +722,7 @@ def stage_sweep(
         "sweep_rule": f"rates from {START_SHARE['vanilla']:g} (vanilla) and {START_SHARE['ours']:g} (ours) x the "
         "server's unloaded capacity, x1.5 while p90 TTFT < 0.6 x SLO, else "
         f"x1.25, until two rates miss the SLO (or one misses it three-fold); about {TARGET_S:g} s of arrivals per "
-        f"rate, at least {MIN_PROMPTS} prompts",
+        f"rate, at least {MIN_PROMPTS} prompts; {UNLOADED_PROMPTS} prompts one at a time for the unloaded TTFT",
         "lengths": {},
     }
     RESULTS["stages"][f"sweep_{pair}"] = result
@@ -737,8 +739,8 @@ def stage_sweep(
         t_stage = time.monotonic()
         for length in lengths:
             row = result["lengths"].setdefault(str(length), {})
-            unloaded = bench(vanilla, tokenizer, served, length, math.inf, 5, out, f"vanilla_{length}_unloaded",
-                             concurrency=1)  # fmt: skip
+            unloaded = bench(vanilla, tokenizer, served, length, math.inf, UNLOADED_PROMPTS, out,
+                             f"vanilla_{length}_unloaded", concurrency=1)  # fmt: skip
             row["vanilla_unloaded"] = unloaded
             slo = 2 * float(unloaded["median_ttft_ms"])
             row["slo_p90_ttft_ms"] = slo
@@ -773,8 +775,8 @@ def stage_sweep(
         for length in lengths:
             row = result["lengths"][str(length)]
             row["components"] = probe_components(ours, length, served, tokenizer)
-            unloaded = bench(ours, tokenizer, served, length, math.inf, 5, out, f"ours_{length}_unloaded",
-                             concurrency=1)  # fmt: skip
+            unloaded = bench(ours, tokenizer, served, length, math.inf, UNLOADED_PROMPTS, out,
+                             f"ours_{length}_unloaded", concurrency=1)  # fmt: skip
             row["ours_unloaded"] = unloaded
             comp = row["components"]
             vanilla_ms = float(row["vanilla_unloaded"]["median_ttft_ms"])
@@ -1044,6 +1046,9 @@ def main() -> int:
                         help="vanilla's first rate, as a share of its unloaded capacity")  # fmt: skip
     parser.add_argument("--start-ours", type=float, default=START_SHARE["ours"],
                         help="our server's first rate, as a share of its unloaded capacity")  # fmt: skip
+    parser.add_argument("--min-prompts", type=int, default=MIN_PROMPTS, help="prompts per swept rate, at least")
+    parser.add_argument("--unloaded-prompts", type=int, default=UNLOADED_PROMPTS,
+                        help="prompts of each server's one-at-a-time run")  # fmt: skip
     parser.add_argument("--vanilla-probe-reps", type=int, default=3,
                         help="vanilla's ids-and-text probe requests per kind and length (0: none)")  # fmt: skip
     parser.add_argument("--real-lengths", default="8192,32768", help="prompt lengths of the real-weight stage")
@@ -1054,6 +1059,7 @@ def main() -> int:
     args = parser.parse_args()
     globals()["NAME"] = args.name
     START_SHARE.update(vanilla=args.start_vanilla, ours=args.start_ours)
+    globals().update(MIN_PROMPTS=args.min_prompts, UNLOADED_PROMPTS=args.unloaded_prompts)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
     if args.render is not None:
         data = json.loads(args.render.read_text())
