@@ -753,7 +753,12 @@ def stage_sweep(
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["vanilla"] - (time.monotonic() - t_stage)
             first, budget = START_SHARE["vanilla"] * capacity, _budget_share(left, lengths, length)
-            row["vanilla"] = sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
+            # a vanilla budget of 0 sweeps no rate (its unloaded TTFT and capacity still bound the comparison)
+            row["vanilla"] = (
+                sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
+                if shares["vanilla"] > 0
+                else []
+            )
             save(out)
     finally:
         vanilla.stop()
