@@ -606,6 +606,7 @@ def probe_components(
     """
     bodies = _probe_bodies(length, served, reps)
     result: dict[str, Any] = _medians([_stream_usage(server.base, body) for body in bodies])
+    logger.info("ids probe at %d: %s", length, {k: round(v, 1) for k, v in result.items()})
     if tokenizer is not None:
         try:
             bodies = _probe_bodies(length, served, reps, tokenizer)
@@ -753,7 +754,7 @@ def stage_sweep(
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["vanilla"] - (time.monotonic() - t_stage)
             first, budget = START_SHARE["vanilla"] * capacity, _budget_share(left, lengths, length)
-            # a vanilla budget of 0 sweeps no rate (its unloaded TTFT and capacity still bound the comparison)
+            # a budget of 0 sweeps no rate (the unloaded TTFTs and the probes still run)
             row["vanilla"] = (
                 sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
                 if shares["vanilla"] > 0
@@ -780,6 +781,7 @@ def stage_sweep(
         for length in lengths:
             row = result["lengths"][str(length)]
             row["components"] = probe_components(ours, length, served, tokenizer)
+            save(out)  # the probes alone already give the ceiling and where the unloaded TTFT goes
             unloaded = bench(ours, tokenizer, served, length, math.inf, UNLOADED_PROMPTS, out,
                              f"ours_{length}_unloaded", concurrency=1)  # fmt: skip
             row["ours_unloaded"] = unloaded
@@ -791,8 +793,11 @@ def stage_sweep(
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["ours"] - (time.monotonic() - t_stage)
             first, budget = START_SHARE["ours"] * capacity, _budget_share(left, lengths, length)
-            row["ours"] = sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"], first,
-                                       budget)  # fmt: skip
+            row["ours"] = (
+                sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"], first, budget)
+                if shares["ours"] > 0
+                else []
+            )
             _status, health = http("GET", ours.base + "/health")
             row["ours_health_after"] = health
             v, o = max_rate_within(row["vanilla"]), max_rate_within(row["ours"])
