@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# the third machine: our server alone (ours_only.py)
+# a later machine: our server alone (ours_only.py), no rate swept
 D=/tmp/proj/benchmarks/serve_gpu/h200_2026-12-03
 . $D/env.sh
 cd /tmp/proj

@@ -1,5 +1,6 @@
-"""The third machine of the lease, with 416 s of device time left: our server alone on the Qwen2.5-32B / 0.5B
-architecture pair at 32K (random weights), its stage-by-stage probes, its unloaded TTFT and one Poisson rate.
+"""A later machine of the lease, with little device time left: our server alone on the Qwen2.5-32B / 0.5B
+architecture pair at 32K (random weights), its stage-by-stage probes, its unloaded TTFT and, given a rate as the
+third argument, one Poisson rate.
 
 Vanilla `vllm serve` is not started (no time for a second engine): its unloaded TTFT and the service level come
 from the first machine's run of the same tree and payload (vllm_serve_gpu_qwen_first_machine.json), given here.
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import vllm_serve_gpu as m
 
 VANILLA_UNLOADED_MS = 4407.863240999973  # first machine, 5 prompts one at a time, vllm bench serve
-RATE = 1.5
+RATE = float(sys.argv[3]) if len(sys.argv) > 3 else None
 
 out, tok = Path(sys.argv[1]), Path(sys.argv[2])
 out.mkdir(parents=True, exist_ok=True)
@@ -42,6 +43,8 @@ try:
     save()
     row["ours_unloaded"] = m.bench(ours, tok, served, length, m.math.inf, 3, out, "ours_32768_unloaded", concurrency=1)
     save()
+    if RATE is None:
+        raise SystemExit(0)
     prompts = int(RATE * m.TARGET_S)
     row["ours_rate"] = m.bench(ours, tok, served, length, RATE, prompts, out, f"ours_32768_{RATE:g}", slo)
     row["ours_rate"]["within_slo"] = row["ours_rate"]["p90_ttft_ms"] <= slo and not row["ours_rate"].get("failed")
