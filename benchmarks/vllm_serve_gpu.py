@@ -841,15 +841,23 @@ def _stage_table(lengths: dict[str, Any]) -> list[str]:
     if not texts:
         return []
     keys = [k for k in ("client_ttft_ms", "server_ms", *STAGES) if any(k in t for t in texts.values())]
-    lines = [
+    caption = (
         "Where the unloaded TTFT goes: one streamed text request at a time (random-id text, as `vllm bench serve` "
-        "sends it), medians of the `usage.specprefill` fields in ms (`client_ttft_ms` is the probe's own):",
+        "sends it), medians of the `usage.specprefill` fields in ms (`client_ttft_ms` is the probe's own):"
+    )
+    return _by_length(caption, "field", texts, list(dict.fromkeys(keys)))
+
+
+def _by_length(caption: str, first: str, cells: dict[str, dict[str, Any]], keys: list[str]) -> list[str]:
+    """A markdown table under ``caption``: a row per key, a column per prompt length (``cells[length][key]``)."""
+    lines = [
+        caption,
         "",
-        "| field | " + " | ".join(f"{int(length):,}" for length in texts) + " |",
-        "|---|" + "---:|" * len(texts),
+        f"| {first} | " + " | ".join(f"{int(length):,}" for length in cells) + " |",
+        "|---|" + "---:|" * len(cells),
     ]
-    for k in dict.fromkeys(keys):
-        lines.append(f"| {k} | " + " | ".join(_f(t.get(k), 1) for t in texts.values()) + " |")
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(_f(c.get(key), 1) for c in cells.values()) + " |")
     return [*lines, ""]
 
 
@@ -868,16 +876,11 @@ def _host_table(lengths: dict[str, Any]) -> list[str]:
             cells[length] = got
     if not cells:
         return []
-    lines = [
+    caption = (
         "Client TTFT of one streamed request at a time, the prompt sent as token ids or as text (ms; the "
-        "difference is the server's tokenizing of the text, which both servers pay):",
-        "",
-        "| request | " + " | ".join(f"{int(length):,}" for length in cells) + " |",
-        "|---|" + "---:|" * len(cells),
-    ]
-    for key in next(iter(cells.values())):
-        lines.append(f"| {key} | " + " | ".join(_f(c.get(key), 1) for c in cells.values()) + " |")
-    return [*lines, ""]
+        "difference is the server's tokenizing of the text, which both servers pay):"
+    )
+    return _by_length(caption, "request", cells, list(next(iter(cells.values()))))
 
 
 def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
