@@ -33,7 +33,10 @@ def test_quickstart_prints_both_runs_with_stats() -> None:
     n = int(dense.group(2))
     assert int(dense.group(1)) == n and int(sparse.group(2)) == n
     assert 0 < int(sparse.group(1)) < 0.2 * n  # about a tenth kept, plus protected tokens
-    # The planted number survives the compression: both runs answer it.
-    assert "7193" in dense.group(3) and sparse.group(3) == dense.group(3), out
+    # The planted number survives the compression: both runs answer it. Their greedy texts may still
+    # differ after it where two tokens nearly tie, by the CPU's bf16 kernels (seen on a CPU without
+    # AVX-512 BF16: "7193" dense, "7193." compressed), so the demo's own verdict is read, not required.
+    assert "7193" in dense.group(3) and "7193" in sparse.group(3), out
     assert re.search(r"TTFT \d+ ms dense -> \d+ ms SpecPrefill .*x faster", out), out
-    assert "same answer in every run: yes" in out, out
+    verdict = re.search(r"same answer in every run: (yes|no)", out)
+    assert verdict and (verdict.group(1) == "yes") == (sparse.group(3) == dense.group(3)), out
