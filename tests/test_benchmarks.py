@@ -214,7 +214,20 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
                         "max_rate_vanilla": 0.25,
                         "max_rate_ours": 1.5,
                         "rate_ratio": 6.0,
-                    }
+                    },
+                    "16384": {
+                        "vanilla_unloaded": {"median_ttft_ms": 500},
+                        "slo_p90_ttft_ms": 1000,
+                        "components": {"prompt_tokens": 16384, "kept_tokens": 4915, "score_ms": 90, "prefill_ms": 400},
+                        "vanilla": [row(0.5, 3000)],
+                        "ours": [row(1.0, 900), row(1.25, 2500)],
+                    },
+                    "8192": {
+                        "vanilla_unloaded": {"median_ttft_ms": 400},
+                        "slo_p90_ttft_ms": 2400,
+                        "vanilla": [row(0.5, 1000), row(0.75, 2600)],
+                        "ours": [row(1.5, 1200), row(2.0, 3000)],
+                    },
                 },
             },
         }
@@ -222,7 +235,15 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     text = module.render(results)
     assert "Where the unloaded TTFT goes" not in text  # no text probe in this run
     assert "| pre-compressed #0 | no | 3 |" in text
-    assert "| 32,768 | 1,200 ms | 2,400 ms |" in text and "| 0.25 | 1.50 | 6.00x |" in text
+    assert "| 32,768 | 1,200 ms | 2,400 ms |" in text
+    # every vanilla rate met the level: it fails at its capacity at the latest, 1 / 1.2 s
+    # (no ratio of maxima: neither server missed a rate, so neither maximum was found)
+    assert "| 0.25 / 0.83 | 1.50 / - | -x | 1.80x |" in text
+    # its one rate missed the level: its maximum is below that rate, whatever ours is
+    assert "| 30.0% | 90 + 400 ms |" in text and "| - / 0.50 | 1.00 / 1.25 | -x | 2.00x |" in text
+    # both servers missed a rate above their highest one met: the ratio of the two maxima too
+    assert "| 0.50 / 0.75 | 1.50 / 2.00 | 3.00x | 2.00x |" in text
+    assert module.vanilla_ceiling({"vanilla": [], "vanilla_unloaded": {}}) is None
     assert text.count("| 32,768 | ours |") == 2
     module.plot(results, tmp_path / "sweep.png")
     assert (tmp_path / "sweep.png").stat().st_size > 0
@@ -365,3 +386,18 @@ def test_the_scripts_share_their_boilerplate():
         text = script.read_text()
         assert "from _common import" in text, script.name
         assert "sys.path.insert" not in text and ".write_text(json.dumps(" not in text, script.name
+
+
+def test_the_serving_benchmark_gives_our_server_its_policy_and_the_server_takes_that_command_line():
+    module = _script("vllm_serve_gpu")
+    cmd = module.ours_cmd(Path("/m/target"), Path("/m/draft"), "t", 8502, 33024, ["--load-format", "dummy"])
+    # the server's own default policy is not the one the targets are stated for: it is always named
+    assert cmd[cmd.index("--policy") + 1] == "paper" and cmd[-2:] == ["--load-format", "dummy"]
+    assert cmd[-6:-2] == module.ENGINE  # the correctness and real stages cut the engine options off the end
+    assert "paper (keep 0.1, chunks of 32, look-ahead 8)" in module._policy_label()
+    from specprefill_sdk.cli import build_parser, serve
+
+    parser, subs = build_parser()
+    serve.add_arguments(subs["serve"])
+    args = parser.parse_args(cmd[cmd.index("serve") :])
+    assert args.policy == "paper" and args.engine == "vllm" and args.max_model_len == 33024
