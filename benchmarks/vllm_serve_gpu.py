@@ -752,6 +752,7 @@ def stage_sweep(
         "target": f"{names[0]}, random weights (--load-format dummy), bf16",
         "draft": f"{names[1]}, random weights, transformers bf16, same GPU, in the server's process",
         "policy": _policy_label(),
+        "server_policy": POLICY,
         "engine_options": [*ENGINE, "--max-model-len", str(max_len), *extra],
         "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
         "--random-range-ratio 0, Poisson arrivals, a new dataset seed per run (no prompt is sent twice)",
@@ -858,6 +859,10 @@ def _f(value: Any, digits: int = 0) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, int | float) else str(value)
 
 
+def _times(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def _summary_row(length: str, row: dict[str, Any]) -> str:
     comp = row.get("components") or {}
     share = row.get("share_of_ceiling")
@@ -873,8 +878,8 @@ def _summary_row(length: str, row: dict[str, Any]) -> str:
         f"{_f(row.get('unloaded_speedup'), 2)}x ({_f(100 * share if share else None, 1)}%)",
         f"{_f(max_rate_within(row.get('vanilla') or []), 2)} / {_f(vanilla_ceiling(row), 2)}",
         f"{_f(max_rate_within(row.get('ours') or []), 2)} / {_f(_first_failed(row.get('ours') or []), 2)}",
-        f"{_f(bracketed_ratio(row), 2)}x",
-        f"{_f(ratio_at_least(row), 2)}x",
+        _times(bracketed_ratio(row)),
+        _times(ratio_at_least(row)),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -1013,7 +1018,8 @@ def render(results: dict[str, Any]) -> str:
     for key, sweep in results["stages"].items():
         if not key.startswith("sweep_"):
             continue
-        lines += [f"## Throughput: {sweep.get('target')} with a {sweep.get('draft')}", ""]
+        policy = f", policy `{sweep['server_policy']}`" if sweep.get("server_policy") else ""
+        lines += [f"## Throughput: {sweep.get('target')} with a {sweep.get('draft')}{policy}", ""]
         if "error" in sweep:
             lines += [f"Failed: `{sweep['error'][:300]}`", ""]
         lines += [
@@ -1086,8 +1092,10 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.yaxis.set_minor_formatter(ScalarFormatter())
         ax.set_xlabel("request rate (req/s, Poisson)")
         ax.set_ylabel("TTFT (ms)")
-        pair = results["stages"][key].get("target", key.removeprefix("sweep_")).split(",")[0]
-        ax.set_title(f"{pair}: {int(length):,}-token prompts, 128 out", fontsize=10)
+        sweep = results["stages"][key]
+        pair = sweep.get("target", key.removeprefix("sweep_")).split(",")[0]
+        policy = f", policy {sweep['server_policy']}" if sweep.get("server_policy") else ""
+        ax.set_title(f"{pair}: {int(length):,}-token prompts, 128 out{policy}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()

@@ -238,9 +238,9 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     assert "| 32,768 | 1,200 ms | 2,400 ms |" in text
     # every vanilla rate met the level: it fails at its capacity at the latest, 1 / 1.2 s
     # (no ratio of maxima: neither server missed a rate, so neither maximum was found)
-    assert "| 0.25 / 0.83 | 1.50 / - | -x | 1.80x |" in text
+    assert "| 0.25 / 0.83 | 1.50 / - | - | 1.80x |" in text
     # its one rate missed the level: its maximum is below that rate, whatever ours is
-    assert "| 30.0% | 90 + 400 ms |" in text and "| - / 0.50 | 1.00 / 1.25 | -x | 2.00x |" in text
+    assert "| 30.0% | 90 + 400 ms |" in text and "| - / 0.50 | 1.00 / 1.25 | - | 2.00x |" in text
     # both servers missed a rate above their highest one met: the ratio of the two maxima too
     assert "| 0.50 / 0.75 | 1.50 / 2.00 | 3.00x | 2.00x |" in text
     assert module.vanilla_ceiling({"vanilla": [], "vanilla_unloaded": {}}) is None
