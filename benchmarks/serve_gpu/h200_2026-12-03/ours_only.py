@@ -3,7 +3,8 @@ architecture pair at 32K (random weights), its stage-by-stage probes, its unload
 third argument, one Poisson rate.
 
 Vanilla `vllm serve` is not started (no time for a second engine): its unloaded TTFT and the service level come
-from the first machine's run of the same tree and payload (vllm_serve_gpu_qwen_first_machine.json), given here.
+from an earlier run on the same machine (job4.sh's vanilla server: 4,540 ms at 32K), given here. The policy is the
+benchmark's (`--policy paper`, `vllm_serve_gpu.POLICY`).
 """
 
 import json
@@ -13,7 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import vllm_serve_gpu as m
 
-VANILLA_UNLOADED_MS = 4407.863240999973  # first machine, 5 prompts one at a time, vllm bench serve
+VANILLA_UNLOADED_MS = 4540.0  # job4.sh's vanilla server on the same machine, 5 prompts one at a time
 RATE = float(sys.argv[3]) if len(sys.argv) > 3 else None
 
 out, tok = Path(sys.argv[1]), Path(sys.argv[2])
@@ -25,10 +26,10 @@ base.install_entry_point()
 target, draft = m.qwen_dir("32b", tok, weights=False), m.qwen_dir("0.5b", tok, weights=True)
 length, served, extra = 32768, target.name, ["--load-format", "dummy"]
 slo = 2 * VANILLA_UNLOADED_MS
-row: dict = {"vanilla_unloaded_ms_first_machine": VANILLA_UNLOADED_MS, "slo_p90_ttft_ms": slo, "rate": RATE}
+row: dict = {"vanilla_unloaded_ms": VANILLA_UNLOADED_MS, "slo_p90_ttft_ms": slo, "rate": RATE}
 result = {"command": " ".join(["python", *sys.argv]), "engine_options": [*m.ENGINE, "--max-model-len", "33024", *extra],
           "target": "Qwen2.5-32B architecture, random weights", "draft": "Qwen2.5-0.5B architecture, random weights",
-          "policy": "paper (keep 0.1, chunks of 32, look-ahead 8)", "32768": row}  # fmt: skip
+          "policy": m._policy_label(), "32768": row}  # fmt: skip
 
 
 def save() -> None:
