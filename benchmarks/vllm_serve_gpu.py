@@ -866,7 +866,7 @@ def _times(value: float | None) -> str:
 def _summary_row(length: str, row: dict[str, Any]) -> str:
     comp = row.get("components") or {}
     share = row.get("share_of_ceiling")
-    kept = comp.get("kept_tokens") / comp["prompt_tokens"] if comp.get("prompt_tokens") else None
+    kept = comp["kept_tokens"] / comp["prompt_tokens"] if comp.get("prompt_tokens") and "kept_tokens" in comp else None
     cells = [
         f"{int(length):,}",
         f"{_f((row.get('vanilla_unloaded') or {}).get('median_ttft_ms'))} ms",
