@@ -717,11 +717,22 @@ def _first_failed(rows: list[dict[str, Any]]) -> float | None:
 
 
 def bracketed_ratio(row: dict[str, Any]) -> float | None:
-    """Our highest rate met over vanilla's, only where each server also missed a rate above it (both maxima found)."""
-    pairs = [(max_rate_within(row.get(k) or []), _first_failed(row.get(k) or [])) for k in ("vanilla", "ours")]
-    if any(met is None or failed is None or failed < met for met, failed in pairs):
-        return None
-    return pairs[1][0] / pairs[0][0]  # type: ignore[operator]
+    """Our highest rate met over vanilla's, only where each server also missed a rate (above it: both maxima found)."""
+    vanilla, ours = (max_rate_within(row.get(k) or []) for k in ("vanilla", "ours"))
+    missed = all(_first_failed(row.get(k) or []) is not None for k in ("vanilla", "ours"))
+    return ours / vanilla if missed and vanilla and ours else None
+
+
+def rate_summary(row: dict[str, Any]) -> dict[str, float | None]:
+    """A length's rates as the results store and the report prints them: each server's highest met and first missed."""
+    return {
+        "max_rate_vanilla": max_rate_within(row.get("vanilla") or []),
+        "vanilla_ceiling": vanilla_ceiling(row),
+        "max_rate_ours": max_rate_within(row.get("ours") or []),
+        "ours_failed_at": _first_failed(row.get("ours") or []),
+        "rate_ratio": bracketed_ratio(row),
+        "rate_ratio_at_least": ratio_at_least(row),
+    }
 
 
 def stage_sweep(
@@ -836,10 +847,7 @@ def stage_sweep(
             )
             _status, health = http("GET", ours.base + "/health")
             row["ours_health_after"] = health
-            v, o = max_rate_within(row["vanilla"]), max_rate_within(row["ours"])
-            row["max_rate_vanilla"], row["max_rate_ours"] = v, o
-            row["rate_ratio"] = bracketed_ratio(row)
-            row["vanilla_ceiling"], row["rate_ratio_at_least"] = vanilla_ceiling(row), ratio_at_least(row)
+            row.update(rate_summary(row))
             save(out)
     finally:
         ours.stop()
@@ -867,6 +875,7 @@ def _summary_row(length: str, row: dict[str, Any]) -> str:
     comp = row.get("components") or {}
     share = row.get("share_of_ceiling")
     kept = comp["kept_tokens"] / comp["prompt_tokens"] if comp.get("prompt_tokens") and "kept_tokens" in comp else None
+    rates = rate_summary(row)  # from the swept rows, so a results file from before these fields renders too
     cells = [
         f"{int(length):,}",
         f"{_f((row.get('vanilla_unloaded') or {}).get('median_ttft_ms'))} ms",
@@ -876,10 +885,10 @@ def _summary_row(length: str, row: dict[str, Any]) -> str:
         f"{_f(comp.get('score_ms'))} + {_f(comp.get('prefill_ms'))} ms",
         f"{_f(row.get('ceiling'), 2)}x",
         f"{_f(row.get('unloaded_speedup'), 2)}x ({_f(100 * share if share else None, 1)}%)",
-        f"{_f(max_rate_within(row.get('vanilla') or []), 2)} / {_f(vanilla_ceiling(row), 2)}",
-        f"{_f(max_rate_within(row.get('ours') or []), 2)} / {_f(_first_failed(row.get('ours') or []), 2)}",
-        _times(bracketed_ratio(row)),
-        _times(ratio_at_least(row)),
+        f"{_f(rates['max_rate_vanilla'], 2)} / {_f(rates['vanilla_ceiling'], 2)}",
+        f"{_f(rates['max_rate_ours'], 2)} / {_f(rates['ours_failed_at'], 2)}",
+        _times(rates["rate_ratio"]),
+        _times(rates["rate_ratio_at_least"]),
     ]
     return "| " + " | ".join(cells) + " |"
 
