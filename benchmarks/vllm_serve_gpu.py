@@ -881,7 +881,7 @@ def _summary_row(length: str, row: dict[str, Any]) -> str:
         f"{_f((row.get('vanilla_unloaded') or {}).get('median_ttft_ms'))} ms",
         f"{_f(row.get('slo_p90_ttft_ms'))} ms",
         f"{_f((row.get('ours_unloaded') or {}).get('median_ttft_ms'))} ms",
-        f"{_f(100 * kept if kept is not None else None, 1)}%",
+        "-" if kept is None else f"{100 * kept:.1f}%",
         f"{_f(comp.get('score_ms'))} + {_f(comp.get('prefill_ms'))} ms",
         f"{_f(row.get('ceiling'), 2)}x",
         f"{_f(row.get('unloaded_speedup'), 2)}x ({_f(100 * share if share else None, 1)}%)",
