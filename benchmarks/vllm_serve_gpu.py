@@ -743,12 +743,15 @@ def stage_sweep(
     budget_s: float,
     vanilla_budget_s: float | None = None,
     vanilla_probe_reps: int = 3,
+    sweep_lengths: list[int] | None = None,
 ) -> dict[str, Any]:
     """Both servers, one after the other: unloaded probes, then rising Poisson rates per length.
 
     ``budget_s`` is the sweeps' time for the pair, half for each server unless ``vanilla_budget_s``
-    sets vanilla's part (ours gets the rest); a sweep always runs its first rate.
+    sets vanilla's part (ours gets the rest); a sweep always runs its first rate. Only the lengths in
+    ``sweep_lengths`` (default: every one) are swept; the others get the unloaded runs and probes only.
     """
+    swept = list(lengths) if sweep_lengths is None else [n for n in lengths if n in sweep_lengths]
     if pair == "llama":
         target, draft = llama_dir("8b", tokenizer, weights=False), llama_dir("1b", tokenizer, weights=True)
         names = ("Llama-3.1-8B architecture", "Llama-3.2-1B architecture")
@@ -772,6 +775,7 @@ def stage_sweep(
         f"x1.25, until two rates miss the SLO (or one misses it three-fold); about {TARGET_S:g} s of arrivals per "
         f"rate, at least {MIN_PROMPTS} prompts; {UNLOADED_PROMPTS} prompts one at a time for the unloaded TTFT",
         "lengths": {},
+        "swept_lengths": swept,
     }
     RESULTS["stages"][f"sweep_{pair}"] = result
     shares = {"vanilla": budget_s / 2 if vanilla_budget_s is None else vanilla_budget_s}
@@ -800,13 +804,13 @@ def stage_sweep(
                 row["vanilla_probe"] = {"error": f"{type(exc).__name__}: {exc}"}
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["vanilla"] - (time.monotonic() - t_stage)
-            first, budget = START_SHARE["vanilla"] * capacity, _budget_share(left, lengths, length)
             # a budget of 0 sweeps no rate (the unloaded TTFTs and the probes still run)
             row["vanilla"] = (
-                sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo, first, budget)
-                if shares["vanilla"] > 0
+                sweep_server(vanilla, tokenizer, served, length, out, "vanilla", slo,
+                             START_SHARE["vanilla"] * capacity, _budget_share(left, swept, length))
+                if shares["vanilla"] > 0 and length in swept
                 else []
-            )
+            )  # fmt: skip
             save(out)
     finally:
         vanilla.stop()
@@ -839,12 +843,12 @@ def stage_sweep(
             row["share_of_ceiling"] = row["unloaded_speedup"] / row["ceiling"]
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["ours"] - (time.monotonic() - t_stage)
-            first, budget = START_SHARE["ours"] * capacity, _budget_share(left, lengths, length)
             row["ours"] = (
-                sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"], first, budget)
-                if shares["ours"] > 0
+                sweep_server(ours, tokenizer, served, length, out, "ours", row["slo_p90_ttft_ms"],
+                             START_SHARE["ours"] * capacity, _budget_share(left, swept, length))
+                if shares["ours"] > 0 and length in swept
                 else []
-            )
+            )  # fmt: skip
             _status, health = http("GET", ours.base + "/health")
             row["ours_health_after"] = health
             row.update(rate_summary(row))
@@ -1119,6 +1123,11 @@ def main() -> int:
     parser.add_argument("--stages", default="correctness,sweep")
     parser.add_argument("--pair", choices=("llama", "qwen"), default="llama")
     parser.add_argument("--lengths", default="32768,8192")
+    parser.add_argument(
+        "--sweep-lengths",
+        default=None,
+        help="the lengths swept (default: every --lengths value); the others get unloaded runs only",
+    )
     parser.add_argument("--budget", type=float, default=900.0, help="seconds for the sweeps of one pair")
     parser.add_argument("--budget-vanilla", type=float, default=None, help="vanilla's part of --budget (default: half)")
     parser.add_argument("--start-vanilla", type=float, default=START_SHARE["vanilla"],
@@ -1161,8 +1170,9 @@ def main() -> int:
                 stage_real(args.out, lengths, args.real_samples, args.real_seed)
             elif stage == "sweep":
                 lengths = [int(x) for x in args.lengths.split(",")]
+                swept = None if args.sweep_lengths is None else [int(x) for x in args.sweep_lengths.split(",")]
                 stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget, args.budget_vanilla,
-                            args.vanilla_probe_reps)  # fmt: skip
+                            args.vanilla_probe_reps, swept)  # fmt: skip
             else:
                 raise SystemExit(f"unknown stage {stage!r}")
         except Exception as exc:

@@ -403,7 +403,7 @@ def test_the_serving_benchmark_gives_our_server_its_policy_and_the_server_takes_
     assert args.policy == "paper" and args.engine == "vllm" and args.max_model_len == 33024
 
 
-def test_the_attention_lengths_check_mode_times_each_kernel_and_both_scorer_orders_at_new_lengths(tmp_path):
+def test_the_attention_lengths_check_mode_times_each_kernel_and_each_scorer_setting_at_new_lengths(tmp_path):
     _run("attention_lengths_gpu.py", "--tiny", "--lengths", "256", "--repeats", "2", "--out", str(tmp_path))
     result = json.loads((tmp_path / "attention_lengths_gpu.json").read_text())
     kernels = {r["kernel"]: r for r in result["kernels"]}
@@ -412,6 +412,7 @@ def test_the_attention_lengths_check_mode_times_each_kernel_and_both_scorer_orde
     assert "error" in kernels["cudnn"] and kernels["math"]["new_ms"] > 0 and len(kernels["math"]["new_runs_ms"]) == 2
     orders = {r["order"]: r for r in result["scorer"]}
     assert orders["default"]["kernels"][0] == "cudnn" and orders["flash first"]["kernels"][0] == "flash"
+    assert orders["default, buckets of 256"]["bucket"] == 256 and orders["default"]["bucket"] == 1
     row = orders["flash first"]
     assert row["new_extra_ms"] == row["new_ms"] - row["repeat_ms"] and row["n"] == 256
     text = (tmp_path / "attention_lengths_gpu.md").read_text()

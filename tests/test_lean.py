@@ -10,6 +10,7 @@ import torch
 from tiny_models import tiny_model
 
 from specprefill_sdk.backends import TransformersBackend
+from specprefill_sdk.errors import InvalidRequestError
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.prompt import build_prompt
 from specprefill_sdk.runtime import ExecutionSettings
@@ -268,3 +269,37 @@ def test_greedy_token_is_the_argmax_of_the_logits(smollm, tokenizer, kind) -> No
     with torch.inference_mode():  # transformers' own final norm and head
         want = head(norm(h))[:, -1].argmax(-1, keepdim=True)
     assert torch.equal(got, want)
+
+
+def test_prompt_attention_in_buckets_gives_the_unpadded_scores(smollm, tokenizer, prompt) -> None:
+    """Padding the prompt's rows at the end changes nothing before it: causal rows never see later ones.
+
+    In float32 the scores agree to rounding; in bf16 (SmolLM2) the attention's sums run in other
+    blocks and the scores differ in the last bits, as between two kernels, and the kept tokens agree.
+    """
+    assert len(prompt.token_ids) % 64  # the prompt does get padding
+    for loaded, look_ahead in ((_tiny("qwen2", tokenizer), 6), (smollm, 8)):
+        plain = DraftAttentionScorer(loaded, look_ahead=look_ahead)
+        padded = plain.with_options()
+        assert plain._lean is not None and padded._lean is not None and padded._lean is not plain._lean
+        assert plain._lean.bucket == 1  # CPU: no padding
+        padded._lean.bucket = 64
+        a, b = plain.score(prompt), padded.score(prompt)
+        assert a.info["look_ahead_token_ids"] == b.info["look_ahead_token_ids"]
+        if loaded is not smollm:
+            torch.testing.assert_close(a.values, b.values, rtol=1e-5, atol=1e-7)
+        else:
+            k = len(prompt.token_ids) // 10
+            top_a, top_b = (set(v.topk(k).indices.tolist()) for v in (a.values, b.values))
+            assert len(top_a & top_b) >= k - 2
+
+
+def test_the_prompt_bucket_is_for_cudnn_first_on_cuda_only() -> None:
+    run = ExecutionSettings(attention_bucket=256)
+    assert run.prompt_bucket(torch.device("cuda")) == 256 and run.prompt_bucket(torch.device("cpu")) == 1
+    assert (
+        ExecutionSettings(attention_bucket=256, attention_backends=("flash",)).prompt_bucket(torch.device("cuda")) == 1
+    )
+    assert ExecutionSettings(attention_bucket=256, attention_backends=None).prompt_bucket(torch.device("cuda")) == 1
+    with pytest.raises(InvalidRequestError, match="attention_bucket must be an integer >= 1"):
+        ExecutionSettings(attention_bucket=0)

@@ -373,12 +373,14 @@ class LeanModel:
     buffers.
     """
 
-    def __init__(self, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> None:
+    def __init__(self, model: Any, *, fused: bool, compiled: bool, packed: bool = False, bucket: int = 1) -> None:
         base = model.model
         config = text_config(model.config)
         self.model, self.base = model, base
         self.fused = fused
         self.compiled = compiled
+        #: prompt attention runs on rows padded to a multiple of this many (1: unpadded); see `attend`
+        self.bucket = bucket
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
         self.hidden = int(config.hidden_size)
         #: the query, key and value rows of the packed matrices, or None (not packed)
@@ -437,13 +439,30 @@ class LeanModel:
         return self.split is not None
 
     @classmethod
-    def build(cls, model: Any, *, fused: bool, compiled: bool, packed: bool = False) -> LeanModel | None:
+    def build(
+        cls, model: Any, *, fused: bool, compiled: bool, packed: bool = False, bucket: int = 1
+    ) -> LeanModel | None:
         """A `LeanModel` for ``model``, or None (logged) when its layers are not of the supported kind."""
         reason = _reason(model)
         if reason is not None:
             logger.debug("%s runs through transformers' modules: %s", type(model).__name__, reason)
             return None
-        return cls(model, fused=fused, compiled=compiled, packed=packed)
+        return cls(model, fused=fused, compiled=compiled, packed=packed, bucket=bucket)
+
+    def attend(self, layer: _Layer, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Causal attention of a prompt's rows (``[B, heads, S, d]``); the result is ``[B, S, heads, d]``.
+
+        With `bucket` above 1 the rows are padded with zeros at the end to a multiple of it first and
+        the padding's outputs dropped: a causal row never attends to a later one, so the prompt's
+        outputs are those of the unpadded rows, while a kernel that builds something per shape (cuDNN
+        builds an execution plan) builds it once per bucket instead of once per prompt length.
+        """
+        width = q.shape[2]
+        pad = -width % self.bucket if width > 1 else 0
+        if pad:
+            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+        attended, _ = self.attend_prompt(layer.attention, q, k, v, None, dropout=0.0, scaling=layer.scaling)
+        return attended[:, :width] if pad else attended
 
     def _functions(self, device: torch.device, tokens: int) -> tuple[Callable[..., Any], Callable[..., Any]]:
         """The two per-layer functions of a prefill of ``tokens`` tokens: compiled when asked for and worth it."""
@@ -494,8 +513,7 @@ class LeanModel:
             )
             if store(i, q, k, v):
                 return None
-            attended, _ = self.attend_prompt(p.attention, q, k, v, None, dropout=0.0, scaling=p.scaling)
-            attended = attended.reshape(batch, width, -1).contiguous()
+            attended = self.attend(p, q, k, v).reshape(batch, width, -1).contiguous()
             if i == len(self.layers) - 1:  # only the last position feeds the next token
                 h, attended = h[:, -1:], attended[:, -1:]
             h = outputs(h, attended, p.wo, p.bo, p.norm_post, p.eps_post, p.w_gate, p.w_up, p.w_down, self.fused)

@@ -113,6 +113,12 @@ class ExecutionSettings:
             torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
             turns cuDNN attention off for the whole process (docs/scoring.md). The choice applies
             process-wide while a call runs.
+        attention_bucket: on a CUDA device whose ``attention_backends`` put ``"cudnn"`` first, the
+            draft's prefill attention runs on the prompt padded at its end to a multiple of this many
+            tokens. A causal query never attends to a later token, so the prompt's results are those
+            of the unpadded prompt; cuDNN builds an execution plan for each shape it meets, and the
+            padding makes it one plan per bucket instead of one per prompt length (docs/scoring.md).
+            1: no padding.
         max_batch_tokens: the scorer's `score_batch` runs prompts of similar length together while
             ``batch size x longest prompt`` stays within this many tokens.
 
@@ -127,6 +133,7 @@ class ExecutionSettings:
     compile: bool | None = None
     cuda_graph: bool = True
     attention_backends: tuple[str, ...] | None = DEFAULT_ATTENTION_BACKENDS
+    attention_bucket: int = 1
     max_batch_tokens: int = 16384
 
     def __post_init__(self) -> None:
@@ -137,7 +144,13 @@ class ExecutionSettings:
                 raise InvalidRequestError(f"{name} must be True or False, got {value!r}", param=name)
         backends: Sequence[str] | None = self.attention_backends
         object.__setattr__(self, "attention_backends", check_attention_backends(backends))
+        check_int(self.attention_bucket, "attention_bucket", param="attention_bucket", minimum=1)
         check_int(self.max_batch_tokens, "max_batch_tokens", param="max_batch_tokens", minimum=1)
+
+    def prompt_bucket(self, device: Any) -> int:
+        """The draft's prompt-attention bucket on ``device``: `attention_bucket` where cuDNN runs first, else 1."""
+        cudnn_first = bool(self.attention_backends) and self.attention_backends[0] == "cudnn"  # type: ignore[index]
+        return self.attention_bucket if cudnn_first and getattr(device, "type", None) == "cuda" else 1
 
     def compiles(self, device: Any) -> bool:
         """Whether passes on ``device`` run compiled under these settings (`compile_enabled` of ``compile``)."""

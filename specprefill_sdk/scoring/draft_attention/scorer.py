@@ -174,7 +174,13 @@ class DraftAttentionScorer:
         if run.compile is True and not compiled:
             logger.info("compile=True has no effect on %s: the draft's passes run uncompiled", self.loaded.device)
         self._lean = (
-            LeanModel.build(model, fused=run.fused_norms, compiled=compiled, packed=compiled)
+            LeanModel.build(
+                model,
+                fused=run.fused_norms,
+                compiled=compiled,
+                packed=compiled,
+                bucket=run.prompt_bucket(self.loaded.device),
+            )
             if self._fixed_buffers and run.lean
             else None
         )
@@ -320,6 +326,7 @@ class DraftAttentionScorer:
                     fused=self.execution.fused_norms,
                     compiled=self._lean.compiled,
                     packed=self._lean.packed,
+                    bucket=self._lean.bucket,
                 )
 
     def score(self, prompt: Prompt) -> TokenScores:

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# go.sh [tree] N: let job5.sh's server stage start; with "tree", first bring this call's specprefill_sdk into
+# /tmp/proj (the draft-kernel default decided on the attention check); then as snap.sh N
+if [ "$1" = tree ]; then rm -rf /tmp/proj/specprefill_sdk && cp -r specprefill_sdk /tmp/proj/ && shift; fi
+touch /tmp/go
+cat /tmp/res/attn/*.md 2>/dev/null | tail -30
+bash /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/snap.sh "${1:-20}"
