@@ -133,7 +133,7 @@ class ExecutionSettings:
     compile: bool | None = None
     cuda_graph: bool = True
     attention_backends: tuple[str, ...] | None = DEFAULT_ATTENTION_BACKENDS
-    attention_bucket: int = 1
+    attention_bucket: int = 256
     max_batch_tokens: int = 16384
 
     def __post_init__(self) -> None:
