@@ -9,8 +9,9 @@ chosen on prompts of repeated lengths. This script measures, in one process:
   bf16 on CUDA) for each kernel the device offers: the first call at each of ``--repeats`` new
   lengths just above every ``--lengths`` value, and the call right after it at the same length;
 - ``scorer``: the ``paper`` policy's `DraftAttentionScorer` on a random-weight draft (speed does not
-  depend on the weights), with the default kernel order, with flash first, and with the default order
-  and the prompt padded to buckets of `BUCKET` tokens (``ExecutionSettings.attention_bucket``): the median
+  depend on the weights), with the default kernel order (cuDNN first) unpadded, with flash first, and
+  cuDNN first with the prompt padded to buckets of `BUCKET` tokens (``ExecutionSettings.attention_bucket``,
+  the default): the median
   ``score`` time over prompts that all have one length, and over prompts each of a new length (all
   within one look-ahead buffer size, so no graph is captured again).
 
@@ -26,9 +27,11 @@ Usage (device machine)::
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,13 +43,14 @@ from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, SDPA_K
 from specprefill_sdk.runtime.settings import ExecutionSettings
 
 NAME = "attention_lengths_gpu"
-#: The scorer's settings compared: the default kernel order, flash first (no plan to build per shape),
-#: and the default order with the prompt padded to buckets of BUCKET tokens (one cuDNN plan per bucket).
+#: The scorer's settings compared: the default kernel order (cuDNN first) unpadded, flash first (no plan
+#: to build per shape), and cuDNN first with the prompt padded to buckets of BUCKET tokens (one plan per
+#: bucket; the default `ExecutionSettings`).
 BUCKET = 256
 ORDERS: dict[str, tuple[tuple[str, ...], int]] = {
-    "default": (tuple(DEFAULT_ATTENTION_BACKENDS), 1),
+    "cudnn first, unpadded": (tuple(DEFAULT_ATTENTION_BACKENDS), 1),
     "flash first": (("flash", "efficient", "math"), 1),
-    f"default, buckets of {BUCKET}": (tuple(DEFAULT_ATTENTION_BACKENDS), BUCKET),
+    f"cudnn first, buckets of {BUCKET}": (tuple(DEFAULT_ATTENTION_BACKENDS), BUCKET),
 }
 #: New lengths step by this many tokens above each base length: distinct, and within one look-ahead buffer.
 STEP = 7
@@ -161,14 +165,45 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
+def plot(result: dict[str, Any], path: Path) -> None:
+    """The scorer's time per prompt, one panel per length: each setting at one length and at new lengths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result.get("scorer", [])
+    lengths = sorted({r["n"] for r in rows})
+    labels = list(dict.fromkeys(r["order"] for r in rows))
+    fig, axes = plt.subplots(1, len(lengths), figsize=(4.2 * len(lengths), 3.6), squeeze=False)
+    for ax, n in zip(axes[0], lengths, strict=True):
+        cells = {r["order"]: r for r in rows if r["n"] == n}
+        x = range(len(labels))
+        ax.bar([i - 0.2 for i in x], [cells[k]["repeat_ms"] for k in labels], 0.4, label="one length")
+        ax.bar([i + 0.2 for i in x], [cells[k]["new_ms"] for k in labels], 0.4, label="new lengths")
+        ax.set_xticks(list(x), [k.replace(", ", ",\n") for k in labels], fontsize=7)
+        ax.set_title(f"{n:,} tokens")
+        ax.set_ylabel("scoring ms (median)")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Draft scoring ({result.get('draft')}): a new prompt length per kernel setting", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--draft", default="qwen2.5-0.5b", choices=[k for k in CONFIGS if k.endswith(("1b", "0.5b"))])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
     parser.add_argument("--repeats", type=int, default=5, help="new lengths (and repeats) per length")
     parser.add_argument("--tiny", action="store_true", help="a scaled-down draft on the CPU: checks the script")
+    parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
     add_output_args(parser, NAME)
     args = parser.parse_args()
+    if args.render is not None:
+        saved = json.loads(args.render.read_text())
+        write_results(args.render.parent, args.render.stem, saved, markdown, plot)
+        return 0
     device, _bench, out, result = start_run(NAME, args, budget_s=float("inf"))
     config = tiny(CONFIGS[args.draft]) if args.tiny else dict(CONFIGS[args.draft])
     result.update(draft=args.draft + (" (tiny)" if args.tiny else ""), repeats=args.repeats, lengths=args.lengths)
@@ -176,7 +211,7 @@ def main() -> int:
     write_results(out, args.name, result, markdown)
     loaded = build_model(args.draft, config, device, synthetic_tokenizer(int(config["vocab_size"])))
     result["scorer"] = bench_scorer(device, loaded, args.lengths, args.repeats)
-    print(write_results(out, args.name, result, markdown))
+    print(write_results(out, args.name, result, markdown, plot))
     return 0
 
 

@@ -636,12 +636,16 @@ def probe_vanilla(server: Server, length: int, served: str, tokenizer: Path, rep
 def _probe_bodies(length: int, served: str, reps: int, tokenizer: Path | None = None) -> list[dict[str, Any]]:
     """``reps`` streamed completion bodies of ``length``-token random prompts: ids, or text with ``tokenizer``."""
     base = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    # a seed per length: a shorter prompt of the same seed is a prefix of the longer one, which vLLM's
+    # prefix cache would serve
     if tokenizer is None:
-        return [{**base, "prompt": random_ids(length, seed=900 + r)} for r in range(reps)]
+        return [{**base, "prompt": random_ids(length, seed=900 + r + 7 * length)} for r in range(reps)]
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(tokenizer))
-    return [{**base, "prompt": _text_of(tok, random_ids(length, seed=950 + r), length)} for r in range(reps)]
+    return [
+        {**base, "prompt": _text_of(tok, random_ids(length, seed=950 + r + 7 * length), length)} for r in range(reps)
+    ]
 
 
 def sweep_server(

@@ -411,8 +411,8 @@ def test_the_attention_lengths_check_mode_times_each_kernel_and_each_scorer_sett
     # the CPU has no cuDNN: the row says so instead of a time
     assert "error" in kernels["cudnn"] and kernels["math"]["new_ms"] > 0 and len(kernels["math"]["new_runs_ms"]) == 2
     orders = {r["order"]: r for r in result["scorer"]}
-    assert orders["default"]["kernels"][0] == "cudnn" and orders["flash first"]["kernels"][0] == "flash"
-    assert orders["default, buckets of 256"]["bucket"] == 256 and orders["default"]["bucket"] == 1
+    assert orders["cudnn first, unpadded"]["kernels"][0] == "cudnn" and orders["flash first"]["kernels"][0] == "flash"
+    assert orders["cudnn first, buckets of 256"]["bucket"] == 256 and orders["cudnn first, unpadded"]["bucket"] == 1
     row = orders["flash first"]
     assert row["new_extra_ms"] == row["new_ms"] - row["repeat_ms"] and row["n"] == 256
     text = (tmp_path / "attention_lengths_gpu.md").read_text()
