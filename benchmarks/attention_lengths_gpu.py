@@ -10,8 +10,8 @@ chosen on prompts of repeated lengths. This script measures, in one process:
   lengths just above every ``--lengths`` value, and the call right after it at the same length;
 - ``scorer``: the ``paper`` policy's `DraftAttentionScorer` on a random-weight draft (speed does not
   depend on the weights), with the default kernel order (cuDNN first) unpadded, with flash first, and
-  cuDNN first with the prompt padded to buckets of `BUCKET` tokens (``ExecutionSettings.attention_bucket``,
-  the default): the median
+  cuDNN first with the prompt padded to buckets (``--buckets``, default `BUCKET`, the default
+  ``ExecutionSettings.attention_bucket``): the median
   ``score`` time over prompts that all have one length, and over prompts each of a new length (all
   within one look-ahead buffer size, so no graph is captured again).
 
@@ -43,15 +43,24 @@ from specprefill_sdk.runtime.attention import DEFAULT_ATTENTION_BACKENDS, SDPA_K
 from specprefill_sdk.runtime.settings import ExecutionSettings
 
 NAME = "attention_lengths_gpu"
-#: The scorer's settings compared: the default kernel order (cuDNN first) unpadded, flash first (no plan
-#: to build per shape), and cuDNN first with the prompt padded to buckets of BUCKET tokens (one plan per
-#: bucket; the default `ExecutionSettings`).
-BUCKET = 256
-ORDERS: dict[str, tuple[tuple[str, ...], int]] = {
-    "cudnn first, unpadded": (tuple(DEFAULT_ATTENTION_BACKENDS), 1),
-    "flash first": (("flash", "efficient", "math"), 1),
-    f"cudnn first, buckets of {BUCKET}": (tuple(DEFAULT_ATTENTION_BACKENDS), BUCKET),
-}
+#: The default bucket (`ExecutionSettings.attention_bucket`).
+BUCKET = ExecutionSettings().attention_bucket
+
+
+def scorer_settings(buckets: list[int]) -> dict[str, tuple[tuple[str, ...], int]]:
+    """The scorer's settings compared: label -> (kernel order, bucket).
+
+    The default kernel order (cuDNN first) unpadded, flash first (no plan to build per shape), and cuDNN
+    first with the prompt padded to each of ``buckets`` (one plan per bucket).
+    """
+    settings = {
+        "cudnn first, unpadded": (tuple(DEFAULT_ATTENTION_BACKENDS), 1),
+        "flash first": (("flash", "efficient", "math"), 1),
+    }
+    settings.update({f"cudnn first, buckets of {b}": (tuple(DEFAULT_ATTENTION_BACKENDS), b) for b in buckets})
+    return settings
+
+
 #: New lengths step by this many tokens above each base length: distinct, and within one look-ahead buffer.
 STEP = 7
 
@@ -98,13 +107,15 @@ def bench_kernels(
     return rows
 
 
-def bench_scorer(device: torch.device, loaded: Any, lengths: list[int], repeats: int) -> list[dict[str, Any]]:
-    """The paper policy's scorer in each of `ORDERS`: one repeated length, then new lengths (one bucket's)."""
+def bench_scorer(
+    device: torch.device, loaded: Any, lengths: list[int], repeats: int, buckets: list[int]
+) -> list[dict[str, Any]]:
+    """The paper policy's scorer in each of `scorer_settings`: one repeated length, then new lengths (one bucket's)."""
     gen = torch.Generator().manual_seed(0)
     vocab = int(loaded.model.config.vocab_size)
     policy = load_policy("paper")
     rows = []
-    for label, (order, bucket) in ORDERS.items():
+    for label, (order, bucket) in scorer_settings(buckets).items():
         execution = ExecutionSettings(attention_backends=order, attention_bucket=bucket)
         scorer = policy.build_scorer(loaded, execution=execution)
         for base in lengths:
@@ -159,7 +170,7 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"The new lengths of a length all fall in one bucket of {BUCKET}: with buckets, the first of them "
+        "The new lengths of a length all fall in one bucket of each size: with buckets, the first of them "
         "pays for the bucket's plan and the others find it built.",
     ]
     return "\n".join([*lines, ""])
@@ -196,6 +207,7 @@ def main() -> int:
     parser.add_argument("--draft", default="qwen2.5-0.5b", choices=[k for k in CONFIGS if k.endswith(("1b", "0.5b"))])
     parser.add_argument("--lengths", type=int, nargs="+", default=[8192, 16384, 32768])
     parser.add_argument("--repeats", type=int, default=5, help="new lengths (and repeats) per length")
+    parser.add_argument("--buckets", type=int, nargs="+", default=[BUCKET], help="bucket sizes of the scorer runs")
     parser.add_argument("--tiny", action="store_true", help="a scaled-down draft on the CPU: checks the script")
     parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
     add_output_args(parser, NAME)
@@ -210,7 +222,7 @@ def main() -> int:
     result["kernels"] = bench_kernels(device, config, args.lengths, args.repeats)
     write_results(out, args.name, result, markdown)
     loaded = build_model(args.draft, config, device, synthetic_tokenizer(int(config["vocab_size"])))
-    result["scorer"] = bench_scorer(device, loaded, args.lengths, args.repeats)
+    result["scorer"] = bench_scorer(device, loaded, args.lengths, args.repeats, args.buckets)
     print(write_results(out, args.name, result, markdown, plot))
     return 0
 
