@@ -149,7 +149,7 @@ class ExecutionSettings:
 
     def prompt_bucket(self, device: Any) -> int:
         """The draft's prompt-attention bucket on ``device``: `attention_bucket` where cuDNN runs first, else 1."""
-        cudnn_first = bool(self.attention_backends) and self.attention_backends[0] == "cudnn"  # type: ignore[index]
+        cudnn_first = (self.attention_backends or ())[:1] == ("cudnn",)
         return self.attention_bucket if cudnn_first and getattr(device, "type", None) == "cuda" else 1
 
     def compiles(self, device: Any) -> bool:
