@@ -35,6 +35,11 @@ data["notes"] = [
     "(the same seed), so vLLM's prefix cache served part of it (8K ids: 76 ms). The probes now seed by length. "
     "Our server's probes were not affected (the draft scores every prompt; the kept prefill is a new layout). "
     "The ceiling and the unloaded TTFTs come from `vllm bench serve` runs with new seeds.",
+    "**The probes' `client_ttft_ms`** include 24-31 ms of the probe's own: it built a new httpx client, "
+    "TLS context and all, inside its clock for every request (on the CPU machine that alone takes about 26 ms; a "
+    "raw socket there receives the first chunk 1-2 ms after the server's `server_ms`). The probe now builds "
+    "its client before the clock. The load generator's unloaded TTFT is not affected (583 ms at 32K against "
+    "a `server_ms` of 576.5).",
     "**Device time.** 1,467 of the session's 1,800 s, one machine: about 120 s of start and payload, 50 s of "
     "attention check, 1,050 s for both servers' stage, 209 s for the second vanilla server.",
 ]
