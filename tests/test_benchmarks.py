@@ -6,7 +6,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
+from server_utils import start_server
+from transformers import AutoTokenizer
+
+from specprefill_sdk.models import resolve_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -417,3 +424,24 @@ def test_the_attention_lengths_check_mode_times_each_kernel_and_each_scorer_sett
     assert row["new_extra_ms"] == row["new_ms"] - row["repeat_ms"] and row["n"] == 256
     text = (tmp_path / "attention_lengths_gpu.md").read_text()
     assert "| cudnn | 256 | not offered" in text and "| flash first (flash, efficient, math) | 256 |" in text
+
+
+@pytest.mark.slow
+def test_the_serving_probes_read_the_stage_times_of_a_real_server(tmp_path):
+    """The ceiling's probe against a real `specprefill serve` (SmolLM2 on the CPU): ids and text, every stage field."""
+    module = _script("vllm_serve_gpu")
+    server = start_server(["--device", "cpu", "--warmup-tokens", "0", "--policy", "paper"], tmp_path / "server.log")
+    try:
+        target = SimpleNamespace(base=server.base)
+        tokenizer = tmp_path / "tok"
+        AutoTokenizer.from_pretrained(str(resolve_model_path("smollm2-135m", progress=False))).save_pretrained(
+            tokenizer
+        )
+        result = module.probe_components(target, 1200, "smollm2-135m", tokenizer, reps=2)
+    finally:
+        server.stop()
+    for row in (result, result["text"]):
+        assert 0 < row["kept_tokens"] < row["prompt_tokens"] and row["client_ttft_ms"] > 0
+        assert all(row[k] > 0 for k in ("score_ms", "prefill_ms", "server_ms", "ttft_ms"))
+    # the ids go through as sent; the text is the tokenizer's reading of their decoded text
+    assert result["prompt_tokens"] == 1200 and 1100 <= result["text"]["prompt_tokens"] <= 1250
