@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, add_output_args, command_line, start_server, use_tree, write_results
+from _stream import stream_completion
 
 MODEL = "smollm2-135m"
 LENGTHS = (8192, 16384, 32768)
@@ -104,23 +105,8 @@ def one_request(http: Any, text: str, options: dict[str, Any]) -> dict[str, Any]
         "max_tokens": 2,
         "temperature": 0.0,
         "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
     }
-    t0 = time.perf_counter()
-    ttft = None
-    usage: dict[str, Any] = {}
-    with http.stream("POST", "/v1/completions", json=body) as response:
-        response.raise_for_status()
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
-            if ttft is None and event.get("choices"):
-                ttft = (time.perf_counter() - t0) * 1000
-            if event.get("usage"):
-                usage = event["usage"]
-    assert ttft is not None and usage
+    ttft, usage = stream_completion(http, "/v1/completions", body)
     sp = usage["specprefill"]
     row = {"client_ttft_ms": ttft, "prompt_tokens": usage["prompt_tokens"], "kept_tokens": sp["kept_tokens"]}
     row.update({k: sp[k] for k in ("score_ms", "prefill_ms", *STAGES) if sp.get(k) is not None})

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# not from _common: importing it turns compiling off for this process and the servers it starts
+from _stream import stream_completion
 
 logger = logging.getLogger("vllm_serve_gpu")
 START = time.monotonic()
@@ -559,25 +561,8 @@ def _stream_usage(base: str, body: dict[str, Any]) -> dict[str, Any]:
     """A streamed completion as ``vllm bench serve`` sends it: the client's TTFT and the usage stage fields."""
     import httpx
 
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    ttft, usage = None, None
-    # the client first, then the clock: building an httpx client (its TLS context) takes tens of ms
-    with httpx.Client(timeout=300) as client:
-        t0 = time.perf_counter()
-        with client.stream("POST", base + "/v1/completions", json=body) as response:
-            if response.status_code != 200:
-                raise RuntimeError(f"{base}: stream status {response.status_code}: {response.read()[:500]!r}")
-            for line in response.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                event = json.loads(line[6:])
-                # the first chunk of a step, even one whose text waits for the rest of a character (as
-                # the load generator times it): random weights often start with a partial character
-                if ttft is None and event.get("choices"):
-                    ttft = (time.perf_counter() - t0) * 1000
-                usage = event.get("usage") or usage
-    if ttft is None or not usage:
-        raise RuntimeError(f"{base}: a stream without a first token or usage")
+    with httpx.Client(timeout=300) as client:  # built before the clock: its TLS context takes tens of ms
+        ttft, usage = stream_completion(client, base + "/v1/completions", body)
     fields = usage.get("specprefill") or {}
     row = {
         "client_ttft_ms": ttft,

@@ -388,7 +388,7 @@ def test_the_shared_helper_writes_json_markdown_and_plot(tmp_path):
 def test_the_scripts_share_their_boilerplate():
     # vllm_*.py run inside vLLM's own process layout (they write the plugin's package metadata for
     # vLLM's workers) and keep their set-up
-    scripts = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if p.name != "_common.py"]
+    scripts = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if not p.name.startswith("_")]  # helpers
     for script in (p for p in scripts if not p.name.startswith("vllm_")):
         text = script.read_text()
         assert "from _common import" in text, script.name
