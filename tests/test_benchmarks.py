@@ -445,3 +445,12 @@ def test_the_serving_probes_read_the_stage_times_of_a_real_server(tmp_path):
         assert all(row[k] > 0 for k in ("score_ms", "prefill_ms", "server_ms", "ttft_ms"))
     # the ids go through as sent; the text is the tokenizer's reading of their decoded text
     assert result["prompt_tokens"] == 1200 and 1100 <= result["text"]["prompt_tokens"] <= 1250
+
+
+def test_the_serving_probes_of_two_lengths_share_no_prefix():
+    """A shorter probe that began a longer one would be served from vLLM's prefix cache."""
+    module = _script("vllm_serve_gpu")
+    short, long = (module._probe_bodies(n, "m", 2) for n in (8192, 32768))
+    for a, b in zip(short, long, strict=True):
+        assert len(a["prompt"]) == 8192 and a["prompt"][:64] != b["prompt"][:64]
+    assert short[0]["prompt"][:64] != short[1]["prompt"][:64]
