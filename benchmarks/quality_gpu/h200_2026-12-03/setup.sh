@@ -10,7 +10,7 @@ cp benchmarks/quality_gpu/h200_2026-12-02/env.sh /tmp/proj/.gpujob/env.sh
 cp $D/auto_text.toml /tmp/proj/.gpujob/auto_text.toml
 . /tmp/proj/.gpujob/env.sh
 cd /tmp/proj
-$PY -c "import specprefill_sdk, gguf, pydantic, torch, transformers, needlehaystack; print('imports ok', torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))"
+$PY -c "import specprefill_sdk, gguf, pydantic, torch, transformers; print('imports ok', torch.__version__, transformers.__version__, torch.cuda.get_device_name(0))"
 nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv
 setsid nohup bash $D/conv.sh > $RES/conv.log 2>&1 < /dev/null &
 setsid nohup bash $D/job.sh > $RES/job.log 2>&1 < /dev/null &
