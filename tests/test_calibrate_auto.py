@@ -309,7 +309,7 @@ def test_a_real_run_on_cpu_scores_selects_chooses_and_writes_the_policy(tmp_path
     import torch
 
     from specprefill_sdk.eval.harness import EvalConfig, _build_case, _make_samples
-    from specprefill_sdk.selection import Adaptive, Chunked, Protect
+    from specprefill_sdk.selection import Adaptive, Protect, StructuredChunks
     from specprefill_sdk.types import TokenScores
 
     policy = _policy_copy(tmp_path)
@@ -337,7 +337,7 @@ def test_a_real_run_on_cpu_scores_selects_chooses_and_writes_the_policy(tmp_path
             for sample in _make_samples(config, smollm.tokenizer, smollm.max_context):
                 case = _build_case(smollm.tokenizer, sample)
                 selector = Protect(
-                    Chunked(Adaptive(cand["coverage"], 0.05, 0.4, dense_below_tokens=256, min_tokens=0), 32),
+                    StructuredChunks(Adaptive(cand["coverage"], 0.05, 0.4, dense_below_tokens=256, min_tokens=0)),
                     sink=1,
                     tail=True,
                 )
