@@ -270,32 +270,35 @@ def test_long_sections_split_at_the_strongest_break_nearest_the_middle() -> None
     assert text_chunks(hand_prompt([" w"] * 103), 8, 30) == [26, 26, 26, 25]
 
 
-def random_prompt(rng: random.Random, n: int) -> Prompt:
+def random_prompt(rng: random.Random, n: int, *, words: int = 0, turns: float = 0.03, glue: float = 0.05) -> Prompt:
+    """``n`` random tokens in random messages and roles: each token starts a new message with chance
+    ``turns`` and is template glue with chance ``glue``. ``words`` more word tokens in the vocabulary
+    make text breaks rarer (long sections, some with no usable break at all)."""
     vocabulary = [" w", "w", ".", "!", "?", " ", "\n", "\n\n", " \n", '"', '."', ")", " (", "3", ".5", ". x", "\u2028"]
+    # whitespace before, in and after a newline, in one token or with the next word
+    vocabulary += ["\t", "\r\n", "  ", "\u3000", " \t\n ", " \nw", "\t\n\nw"]
+    vocabulary += [" w"] * words
     pieces: list[str | tuple[str, str, int]] = []
     message, role = 0, "user"
     for _ in range(n):
-        if rng.random() < 0.03:
+        if rng.random() < turns:
             message += 1
             role = rng.choice(["user", "system", "assistant"])
-        pieces.append((rng.choice(vocabulary), "template" if rng.random() < 0.05 else role, message))
+        pieces.append((rng.choice(vocabulary), "template" if rng.random() < glue else role, message))
     return hand_prompt(pieces, protected=[t for t in range(n) if rng.random() < 0.05])
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_chunks_and_selection_equal_the_slow_reference(seed: int) -> None:
-    rng = random.Random(seed)
-    n = rng.randint(1, 400)
-    prompt = random_prompt(rng, n)
-    lo = rng.randint(1, 12)
-    hi = rng.randint(2 * lo - 1, 70) if 2 * lo - 1 <= 70 else 2 * lo - 1
-    hi = max(hi, 1)
+def same_as_the_slow_reference(prompt: Prompt, lo: int, hi: int, seed: int, rng: random.Random) -> None:
+    """The breaks, chunks and selections of ``prompt`` are the slow references' (random scores, some
+    NaN, ties for a third of the seeds; random budgets, with and without `Protect`)."""
+    n = prompt.n
     strengths = reference_boundaries(prompt)
     assert list(boundaries(prompt)) == strengths
     spans = reference_chunks(strengths, n, lo, hi)
     selector = StructuredChunks(TokenBudget(1), lo, hi)  # the budget does not change the chunks
     assert list(selector.chunks(prompt)) == spans
     lengths = [b - a for a, b in spans]
+    assert text_chunks(prompt, lo, hi) == lengths
     assert sum(lengths) == n and all(x <= hi for x in lengths)
     assert all(x >= lo for x in lengths) or len(lengths) == 1
     values = torch.rand(n, generator=torch.Generator().manual_seed(seed))
@@ -319,6 +322,60 @@ def test_chunks_and_selection_equal_the_slow_reference(seed: int) -> None:
             kept, protected = reference_select(spans, clean, forced, count)
             assert (list(chosen.indices), list(chosen.protected)) == (kept, protected)
             assert chosen.kept < max(count, len(forced)) + max(lengths)  # less than one chunk over
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_chunks_and_selection_equal_the_slow_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    n = rng.randint(1, 400)
+    prompt = random_prompt(rng, n)
+    lo = rng.randint(1, 12)
+    hi = rng.randint(2 * lo - 1, 70) if 2 * lo - 1 <= 70 else 2 * lo - 1
+    hi = max(hi, 1)
+    same_as_the_slow_reference(prompt, lo, hi, seed, rng)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_long_prompts_with_long_sections_equal_the_slow_reference(seed: int) -> None:
+    # Sections of hundreds to thousands of tokens: many are split at once, piece after piece, some
+    # into even pieces (no break leaves both sides min_size long), across dozens of messages.
+    rng = random.Random(1000 + seed)
+    switches = rng.choice([0.03, 0.002])
+    words = rng.choice([10, 60, 400, 5000, 50000])
+    prompt = random_prompt(rng, rng.randint(1000, 3000), words=words, turns=switches, glue=switches)
+    lo = rng.randint(1, 12)
+    hi = 2 * lo - 1 + rng.choice([0, 1, 20, 60])
+    same_as_the_slow_reference(prompt, lo, hi, seed, rng)
+
+
+def random_text(rng: random.Random, words: int) -> str:
+    """Words and what follows them: spaces, sentence ends (some inside quotes or brackets), numbers
+    such as ``3.5``, and whitespace runs of every kind, with and without newlines."""
+    gaps = [" ", ". ", '." ', "!) ", "? ", "\n", ".\n\n", " \n ", "\t", "\r\n", "\u00a0", "\u2028", ",  ", "\n\n\n"]
+    weights = [40, 6, 1, 1, 1, 3, 2, 1, 1, 1, 1, 1, 2, 1]
+    pieces = []
+    for _ in range(words):
+        pieces.append(rng.choice(["cat", "sat", "the", "Mr", "3.5", "e.g", "(it", "yes", "ok."]))
+        pieces += rng.choices(gaps, weights)
+    return "".join(pieces)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_chats_through_a_real_tokenizer_equal_the_slow_reference(seed: int, fast_tokenizer: Any) -> None:
+    # The tokenizer's own tokens: whitespace merged into words or standing alone, punctuation
+    # with the next word, chat-template glue between several messages of several roles.
+    from specprefill_sdk.prompt import build_prompt
+
+    rng = random.Random(2000 + seed)
+    roles = ["system", "user", "assistant"]
+    messages = [
+        {"role": rng.choice(roles), "content": random_text(rng, rng.randint(5, 500))} for _ in range(rng.randint(1, 6))
+    ]
+    prompt = build_prompt(fast_tokenizer, messages, add_generation_prompt=rng.random() < 0.5)
+    prompt = prompt.with_protected([rng.random() < 0.03 for _ in range(prompt.n)])
+    lo = rng.randint(1, 12)
+    hi = 2 * lo - 1 + rng.choice([0, 1, 20, 60])
+    same_as_the_slow_reference(prompt, lo, hi, seed, rng)
 
 
 def test_budget_is_respected_like_chunked_on_fixed_windows() -> None:

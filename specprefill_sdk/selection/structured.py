@@ -9,10 +9,12 @@ same fill step, `base.fill_chunks`).
 from __future__ import annotations
 
 import math
+import operator
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from itertools import chain, pairwise
+from itertools import groupby, pairwise, starmap
 
 import numpy as np
 
@@ -50,22 +52,45 @@ class Boundary(IntEnum):
 
 # A sentence end: the punctuation, closing quotes or brackets, then the whitespace after it (group 1).
 _SENTENCE = re.compile(r"[.!?][\"'\u201d\u2019)\]}\u00bb]*(\s+)")
-# A whitespace run holding a newline, matched whole: the first match in a run starts at its start.
-_NEWLINES = re.compile(r"\s*\n\s*")
+# The first newline of a whitespace run and the rest of the run (`_newline_runs` adds the whitespace
+# before it). A pattern that starts with a literal lets the regex engine jump from newline to newline;
+# ``\s*\n\s*``, the whole run in one pattern, is tried at every character: about ten times slower.
+_NEWLINE = re.compile(r"\n\s*")
 
-
-def _spans(prompt: Prompt) -> np.ndarray:
-    """``prompt.offsets`` as an ``(n, 2)`` int64 array (read flat: faster than from the nested tuples)."""
-    flat = np.fromiter(chain.from_iterable(prompt.offsets), dtype=np.int64, count=2 * prompt.n)
-    return flat.reshape(prompt.n, 2)
+#: The breaks a long segment may be cut at, strongest first.
+_BY_STRENGTH = sorted((b for b in Boundary if b), reverse=True)
 
 
 def has_text_offsets(prompt: Prompt) -> bool:
     """Whether ``prompt`` knows the characters of its tokens (False for `Prompt.from_token_ids`)."""
-    if not prompt.text or prompt.n == 0:
-        return False
-    spans = _spans(prompt)
-    return bool((spans[:, 1] > spans[:, 0]).any())
+    # starmap compares each (start, end) in C and stops at the first token with text.
+    return bool(prompt.text) and any(starmap(operator.lt, prompt.offsets))
+
+
+def _newline_runs(text: str) -> list[tuple[int, int, Boundary]]:
+    """The whitespace runs of ``text`` that hold a newline, whole: ``(start, end, strength)``."""
+    runs: list[tuple[int, int, Boundary]] = []
+    for m in _NEWLINE.finditer(text):
+        start = m.start()
+        # The run's whitespace before its first newline (str.isspace is the regex's \s).
+        while start > 0 and text[start - 1].isspace():
+            start -= 1
+        strength = Boundary.PARAGRAPH if text.count("\n", m.start(), m.end()) > 1 else Boundary.LINE
+        runs.append((start, m.end(), strength))
+    return runs
+
+
+def _token_ends(prompt: Prompt) -> np.ndarray:
+    """The end offset of each token (int64). Read alone, in one C loop: all the offsets as an (n, 2)
+    array took nearly three times as long, and `_strengths` needs few of the starts."""
+    return np.fromiter(map(operator.itemgetter(1), prompt.offsets), dtype=np.int64, count=prompt.n)
+
+
+def _run_ends(values: Sequence[object]) -> np.ndarray:
+    """The index of the last entry of each run of equal ``values``, but the last run (int64)."""
+    # groupby compares neighbours in C: only the runs, a few per message, cost a Python step.
+    lengths = [len(list(run)) for _, run in groupby(values)]
+    return np.cumsum(lengths[:-1], dtype=np.int64) - 1
 
 
 def _strengths(prompt: Prompt) -> np.ndarray:
@@ -76,25 +101,21 @@ def _strengths(prompt: Prompt) -> np.ndarray:
         return out
     text = prompt.text
     runs = [(m.start(1), m.end(1), Boundary.SENTENCE) for m in _SENTENCE.finditer(text)]
-    runs += [
-        (m.start(), m.end(), Boundary.PARAGRAPH if m.group().count("\n") > 1 else Boundary.LINE)
-        for m in _NEWLINES.finditer(text)
-    ]
+    runs += _newline_runs(text)
     if runs:
         table = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
-        spans = _spans(prompt)
         # The cut goes before the first token that reaches past the whitespace (so whitespace-only
         # tokens stay with the text before them), unless that token starts before the whitespace:
         # one token holding the punctuation and the next word is not cut.
-        ends = np.maximum.accumulate(spans[:, 1])
+        ends = np.maximum.accumulate(_token_ends(prompt))
         after = np.searchsorted(ends, table[:, 1], side="right")
         ok = (after >= 1) & (after < n)
-        ok[ok] &= spans[after[ok], 0] >= table[ok, 0]
+        offsets = prompt.offsets
+        starts = np.asarray([offsets[t][0] for t in after[ok].tolist()], dtype=np.int64)
+        ok[ok] &= starts >= table[ok, 0]
         np.maximum.at(out, after[ok] - 1, table[ok, 2].astype(np.int8))
-    message = np.fromiter(prompt.message_index, dtype=np.int64, count=n)
-    roles = np.asarray(prompt.roles)
-    changed = (message[1:] != message[:-1]) | (roles[1:] != roles[:-1])
-    out[changed] = Boundary.MESSAGE
+    out[_run_ends(prompt.message_index)] = Boundary.MESSAGE
+    out[_run_ends(prompt.roles)] = Boundary.MESSAGE
     return out
 
 
@@ -111,38 +132,90 @@ def boundaries(prompt: Prompt) -> tuple[Boundary, ...]:
     return tuple(Boundary(int(s)) for s in _strengths(prompt))
 
 
-def _best_cut(strengths: np.ndarray, start: int, end: int, min_size: int) -> int | None:
-    """The position (a token index) where ``[start, end)`` is best cut into two pieces of at least
-    ``min_size``: the strongest break, then the one nearest the middle, then the earliest; None
-    when no break leaves both pieces long enough."""
-    low, high = start + min_size, end - min_size  # candidate cut positions, inclusive
-    if low > high:
-        return None
-    window = strengths[low - 1 : high].astype(np.int64)  # the break after token p - 1 cuts at p
-    if not window.any():
-        return None
-    positions = np.arange(low, high + 1)
-    off_middle = np.abs(2 * positions - (start + end))
-    # Strongest first, then nearest the middle; argmax takes the earliest of equal keys.
-    key = window * (2 * (end - start) + 1) - off_middle
-    key[window == 0] = np.iinfo(np.int64).min
-    return int(positions[int(np.argmax(key))])
+def _section_bounds(strengths: np.ndarray, n: int, min_size: int) -> np.ndarray:
+    """The bounds (int64, from 0 to ``n``) of the sections: cut at every message and paragraph break,
+    a section shorter than ``min_size`` merged with the next, a short rest with the one before."""
+    bounds = [0]
+    for end in [*(np.flatnonzero(strengths >= Boundary.PARAGRAPH) + 1).tolist(), n]:
+        if end - bounds[-1] >= min_size:
+            bounds.append(end)
+    if bounds[-1] < n:
+        if len(bounds) > 1:
+            bounds[-1] = n
+        else:
+            bounds.append(n)
+    return np.array(bounds, dtype=np.int64)
 
 
-def _split(strengths: np.ndarray, start: int, end: int, min_size: int, max_size: int, out: list[int]) -> None:
-    """Append the piece lengths of ``[start, end)``, each at most ``max_size``."""
+def _best_cuts(cuts_by_strength: list[np.ndarray], starts: np.ndarray, ends: np.ndarray, min_size: int) -> np.ndarray:
+    """For each segment ``[start, end)``: the position (a token index) where it is best cut into two
+    pieces of at least ``min_size``: the strongest break, then the one nearest the middle, then the
+    earliest; -1 where no break leaves both pieces long enough.
+
+    ``cuts_by_strength`` holds, for each strength of `_BY_STRENGTH`, the sorted positions ``p`` where
+    a break of that strength cuts (the break after token ``p - 1``).
+    """
+    low, high = starts + min_size, ends - min_size  # candidate cut positions, inclusive
+    twice_middle = starts + ends
+    best = np.full(starts.shape, -1, dtype=np.int64)
+    for positions in cuts_by_strength:  # a weaker break only where no stronger one is a candidate
+        if positions.size == 0:
+            continue
+        first = np.searchsorted(positions, low, side="left")
+        stop = np.searchsorted(positions, high, side="right")  # the candidates: positions[first:stop]
+        # The nearest to the middle is the last candidate at or before it (2p <= start + end) or the
+        # first one after it; on a tie the earlier one.
+        after = np.clip(np.searchsorted(positions, twice_middle // 2, side="right"), first, stop)
+        left = positions[np.maximum(after - 1, 0)]
+        right = positions[np.minimum(after, positions.size - 1)]
+        nearer_left = np.abs(2 * left - twice_middle) <= np.abs(2 * right - twice_middle)
+        use_left = (after > first) & ((after == stop) | nearer_left)
+        found = (best < 0) & (stop > first)
+        best[found] = np.where(use_left, left, right)[found]
+    return best
+
+
+def _even_cuts(start: int, end: int, max_size: int) -> list[int]:
+    """The inner bounds of ``[start, end)`` cut into the fewest even pieces of at most ``max_size``,
+    the longer ones first."""
     length = end - start
-    if length <= max_size:
-        out.append(length)
-        return
-    cut = _best_cut(strengths, start, end, min_size)
-    if cut is None:  # no usable break inside: even pieces, the longer ones first
-        pieces = math.ceil(length / max_size)
-        base, extra = divmod(length, pieces)
-        out.extend(base + 1 if i < extra else base for i in range(pieces))
-        return
-    _split(strengths, start, cut, min_size, max_size, out)
-    _split(strengths, cut, end, min_size, max_size, out)
+    pieces = math.ceil(length / max_size)
+    base, extra = divmod(length, pieces)
+    # The first `extra` pieces hold base + 1 tokens, the others base.
+    return [start + i * base + min(i, extra) for i in range(1, pieces)]
+
+
+def _split_long(strengths: np.ndarray, bounds: np.ndarray, min_size: int, max_size: int) -> np.ndarray:
+    """``bounds`` (sorted, from 0 to ``n``) with every segment longer than ``max_size`` cut at its best
+    break (`_best_cuts`), the pieces again until each fits, or into even pieces (`_even_cuts`) where
+    no break fits."""
+    cuts_by_strength = [np.flatnonzero(strengths == b) + 1 for b in _BY_STRENGTH]
+    found = [bounds]
+    starts, ends = bounds[:-1], bounds[1:]
+    # Every segment still too long is cut in the same round. A segment's cut depends on its own span
+    # only, so cutting round by round gives the cuts that cutting each piece in turn gives.
+    while True:
+        long = ends - starts > max_size
+        if not long.any():
+            break
+        starts, ends = starts[long], ends[long]
+        cuts = _best_cuts(cuts_by_strength, starts, ends, min_size)
+        even = cuts < 0
+        spans = zip(starts[even].tolist(), ends[even].tolist(), strict=True)
+        found.append(np.array([c for a, b in spans for c in _even_cuts(a, b, max_size)], dtype=np.int64))
+        cut = ~even
+        found.append(cuts[cut])
+        starts, ends = np.concatenate([starts[cut], cuts[cut]]), np.concatenate([cuts[cut], ends[cut]])
+    return np.sort(np.concatenate(found))
+
+
+def _chunk_bounds(prompt: Prompt, min_size: int, max_size: int) -> np.ndarray:
+    """The bounds of `text_chunks` (int64, sorted, from 0 to ``n``; ``[0]`` for an empty prompt)."""
+    n = prompt.n
+    if n == 0:
+        return np.zeros(1, dtype=np.int64)
+    strengths = _strengths(prompt)
+    return _split_long(strengths, _section_bounds(strengths, n, min_size), min_size, max_size)
 
 
 def text_chunks(prompt: Prompt, min_size: int, max_size: int) -> list[int]:
@@ -163,27 +236,7 @@ def text_chunks(prompt: Prompt, min_size: int, max_size: int) -> list[int]:
     Every chunk has ``min_size`` to ``max_size`` tokens, except the one chunk of a prompt shorter than
     ``min_size`` (`check_chunk_bounds` guarantees the split pieces are long enough).
     """
-    n = prompt.n
-    if n == 0:
-        return []
-    strengths = _strengths(prompt)
-    ends = [*(np.flatnonzero(strengths >= Boundary.PARAGRAPH) + 1).tolist(), n]
-    merged: list[int] = []
-    start = 0
-    for end in ends:
-        if end - start >= min_size:
-            merged.append(end)
-            start = end
-    if start < n:
-        if merged:
-            merged[-1] = n
-        else:
-            merged.append(n)
-    lengths: list[int] = []
-    start = 0
-    for end in merged:
-        _split(strengths, start, end, min_size, max_size, lengths)
-        start = end
+    lengths: list[int] = np.diff(_chunk_bounds(prompt, min_size, max_size)).tolist()
     return lengths
 
 
@@ -266,11 +319,11 @@ class StructuredChunks:
         """The ``(start, end)`` token spans this selector chooses among on ``prompt`` (fixed windows of
         ``fallback_size`` for a prompt without text offsets)."""
         if has_text_offsets(prompt):
-            lengths = text_chunks(prompt, self.min_size, self.max_size)
+            bounds: list[int] = _chunk_bounds(prompt, self.min_size, self.max_size).tolist()
         else:
             size = self.fallback_size
             lengths = [min(size, prompt.n - s) for s in range(0, prompt.n, size)]
-        bounds = np.cumsum([0, *lengths]).tolist()
+            bounds = np.cumsum([0, *lengths]).tolist()
         return tuple(pairwise(bounds))
 
     def _reason(self, budget: Budget, what: str) -> str:
@@ -326,7 +379,7 @@ class StructuredChunks:
         whole = self._whole(prompt, budget, forced)
         if whole is not None:
             return whole
-        lengths = np.array(text_chunks(prompt, self.min_size, self.max_size), dtype=np.int64)
+        lengths = np.diff(_chunk_bounds(prompt, self.min_size, self.max_size))
         chunk_of = np.repeat(np.arange(int(lengths.shape[0])), lengths)
         means = _segment_means(values, chunk_of, lengths)
         keep, chosen = fill_chunks(means, chunk_of, lengths, lengths, forced, budget.count)
