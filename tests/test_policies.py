@@ -17,7 +17,7 @@ from specprefill_sdk.policies import (
     load_policy,
     policy_dirs,
 )
-from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, StructuredChunks, TokenBudget
 from specprefill_sdk.types import Prompt
 
 if sys.version_info >= (3, 11):
@@ -71,8 +71,10 @@ def test_conservative_and_auto_presets() -> None:
     assert isinstance(selector, Protect) and selector.roles == ("system",) and not selector.last_user_turn
     written = _auto_toml()["selector"]
     auto = load_policy("auto").build_selector()
-    assert isinstance(auto, Protect) and isinstance(auto.inner, Chunked)
-    assert auto.inner.size == written["chunk_size"]
+    # text chunks, with fixed windows of chunk_size for prompts without text
+    assert written["chunking"] == "text"
+    assert isinstance(auto, Protect) and isinstance(auto.inner, StructuredChunks)
+    assert auto.inner.fallback_size == written["chunk_size"]
     inner = auto.inner.inner
     assert isinstance(inner, Adaptive) and inner.dense_below_tokens == written["dense_below_tokens"] > 0
     assert (inner.coverage, inner.min_rate, inner.max_rate, inner.min_tokens) == (
