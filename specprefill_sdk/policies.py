@@ -345,7 +345,9 @@ class Policy(BaseModel):
         """A copy with some settings replaced, e.g. per request: ``with_overrides(keep_rate=0.2)``.
 
         Keys are `OVERRIDE_KEYS`; ``None`` means "not given". ``keep_rate`` switches the selector to
-        a fixed keep rate and ``token_budget`` to a token budget (not both at once). ``layers`` and
+        a fixed keep rate and ``token_budget`` to a token budget (not both at once). ``chunk_size`` asks
+        for chunks of that many tokens, so it switches a policy with text chunks to fixed ones (there
+        ``chunk_size`` alone would only size the windows of prompts without text). ``layers`` and
         ``layer_share`` replace each other; ``look_ahead`` above 1 without either scores with the whole
         draft (look-ahead tokens need every layer), whatever depth the policy had.
 
@@ -374,6 +376,8 @@ class Policy(BaseModel):
             data["selector"]["kind"] = "keep-rate"
         if "token_budget" in given:
             data["selector"]["kind"] = "token-budget"
+        if "chunk_size" in given:
+            data["selector"].update(chunking="fixed", min_chunk_size=None, max_chunk_size=None)
         try:
             return Policy.model_validate(data)
         except ValidationError as exc:

@@ -248,6 +248,22 @@ def test_keep_rate_and_token_budget_overrides_switch_the_selector_kind() -> None
         auto.with_overrides(keep_rate=0.2, token_budget=300)
 
 
+def test_a_chunk_size_override_switches_text_chunks_to_fixed_ones_of_that_size() -> None:
+    auto = load_policy("auto")
+    assert auto.selector.chunking == "text"
+    nine = auto.with_overrides(chunk_size=9)
+    assert nine.selector.chunking == "fixed" and nine.selector.min_chunk_size is None
+    built = nine.build_selector()
+    assert isinstance(built, Protect) and isinstance(built.inner, Chunked) and built.inner.size == 9
+    # single tokens, which text chunks refuse in a policy file, are what the request asked for
+    single = auto.with_overrides(chunk_size=1).build_selector()
+    assert isinstance(single, Protect) and isinstance(single.inner, Adaptive)
+    # other overrides keep the text chunks
+    rate = auto.with_overrides(keep_rate=0.2).build_selector()
+    assert isinstance(rate, DenseBelow) and isinstance(rate.inner, Protect)
+    assert isinstance(rate.inner.inner, StructuredChunks) and isinstance(rate.inner.inner.inner, KeepRate)
+
+
 def test_unknown_override_lists_the_valid_keys() -> None:
     with pytest.raises(PolicyError) as info:
         load_policy("paper").with_overrides(keeprate=0.2)

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from specprefill_sdk.scoring import DraftAttentionScorer
-from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, TokenBudget
+from specprefill_sdk.selection import Adaptive, Chunked, DenseBelow, KeepRate, Protect, StructuredChunks, TokenBudget
 from specprefill_sdk.server.engine import ServingEngine
 from specprefill_sdk.server.schemas import SpecPrefillOptions
 from specprefill_sdk.types import CompressedPrompt
@@ -113,7 +113,9 @@ def test_each_override_reaches_the_built_scorer_or_selector(engine: ServingEngin
 def test_overrides_of_the_auto_policy_reach_its_selector(engine: ServingEngine) -> None:
     pipe = engine.pipeline_for(SpecPrefillOptions(policy="auto", min_prompt_tokens=77, chunk_size=9, sink=2))
     assert _one(pipe.selector, Adaptive).dense_below_tokens == 77
+    # a chunk size asked for replaces auto's text chunks with fixed ones of that size
     assert _one(pipe.selector, Chunked).size == 9 and _one(pipe.selector, Protect).sink == 2
+    assert not [s for s in _stages(pipe.selector) if isinstance(s, StructuredChunks)]
     assert not [s for s in _stages(pipe.selector) if isinstance(s, DenseBelow)]  # the switch is Adaptive's own
 
 
