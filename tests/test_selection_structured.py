@@ -499,15 +499,15 @@ def test_policy_chunking_refuses_bad_and_conflicting_options(tmp_path: Path, tom
     assert isinstance(info.value, InvalidRequestError)
 
 
-def test_override_to_single_tokens_conflicts_with_text_chunking(tmp_path: Path) -> None:
-    from specprefill_sdk.errors import PolicyError
+def test_an_override_to_single_tokens_replaces_text_chunking(tmp_path: Path) -> None:
     from specprefill_sdk.policies import load_policy
 
+    # in the file, chunk_size = 1 contradicts text chunks (refused above); a request's chunk size
+    # replaces them: single tokens, as asked
     path = tmp_path / "text.toml"
     path.write_text('[selector]\nchunking = "text"\n')
-    with pytest.raises(PolicyError, match="contradicts chunking") as info:
-        load_policy(path).with_overrides(chunk_size=1)
-    assert info.value.param == "chunk_size"
+    single = load_policy(path).with_overrides(chunk_size=1)
+    assert single.selector.chunking == "fixed" and single.selector.chunk_size == 1
 
 
 # ------------------------------------------------------------------ the eval method
