@@ -160,6 +160,8 @@ def _budget(inner: object, prompt: Prompt, values: torch.Tensor, forced: torch.T
         by_tokens = s.min_tokens > ceil_count(s.min_rate * n)
         floor = f"min_tokens {s.min_tokens}" if by_tokens else f"min_rate {s.min_rate:g}"
         note = f", raised to {floor}"
+        if by_tokens and s.min_tokens > high:
+            note += f", capped at max_rate {s.max_rate:g}"
     elif wanted > high:
         note = f", capped at max_rate {s.max_rate:g}"
     return Budget(

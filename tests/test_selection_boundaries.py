@@ -169,7 +169,9 @@ def test_adaptive_min_tokens_floor_below_the_ceiling(n: int, min_tokens: int, ke
     assert selection.kept == kept
     assert 3 in selection.indices
     if min_tokens > 0.1 * n and kept < 0.5 * n:
-        assert "raised to min_tokens" in selection.reason
+        assert "raised to min_tokens" in selection.reason and "capped" not in selection.reason
+    if min_tokens > 0.5 * n:  # the floor passes the ceiling, which wins: the reason says both
+        assert f"raised to min_tokens {min_tokens}, capped at max_rate 0.5" in selection.reason
 
 
 def test_adaptive_min_tokens_refused_when_negative() -> None:

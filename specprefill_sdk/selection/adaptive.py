@@ -81,6 +81,8 @@ class Adaptive(BudgetSelector):
             by_tokens = self.min_tokens > ceil_count(self.min_rate * n)
             floor = f"min_tokens {self.min_tokens}" if by_tokens else f"min_rate {self.min_rate:g}"
             note = f", raised to {floor}"
+            if by_tokens and self.min_tokens > high:  # the ceiling wins where the two cross
+                note += f", capped at max_rate {self.max_rate:g}"
         elif wanted > high:
             note = f", capped at max_rate {self.max_rate:g}"
         return Budget(
