@@ -146,7 +146,7 @@ def ours_cmd(model: Path, draft: Path, served: str, port: int, max_len: int, ext
         sys.executable, "-m", "specprefill_sdk", "serve", "--engine", "vllm", "--model", str(model),
         "--draft", str(draft), "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", served, "--max-model-len", str(max_len), "--max-queue", "4096",
-        "--policy", POLICY, "--log-level", "warning", *ENGINE, *extra,
+        "--policy", POLICY, "--log-level", "warning", "--metrics", *ENGINE, *extra,
     ]  # fmt: skip
 
 
@@ -509,8 +509,12 @@ def bench(
     tag: str,
     slo_ms: float | None = None,
     concurrency: int | None = None,
+    extra_body: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """One `vllm bench serve` run; its saved result with the command line."""
+    """One `vllm bench serve` run; its saved result with the command line.
+
+    ``extra_body`` goes into every request's body (``--extra-body``), e.g. ``{"specprefill": {"policy": "auto"}}``.
+    """
     name = f"bench_{tag}.json"
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.cli.main", "bench", "serve", "--backend", "vllm",
@@ -526,6 +530,8 @@ def bench(
         cmd += ["--goodput", f"ttft:{slo_ms:.0f}"]
     if concurrency is not None:
         cmd += ["--max-concurrency", str(concurrency)]
+    if extra_body:
+        cmd += ["--extra-body", json.dumps(extra_body)]
     t0 = time.monotonic()
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
@@ -540,6 +546,72 @@ def bench(
     row.update(rate=rate, prompts=prompts, wall_s=round(time.monotonic() - t0, 1))
     logger.info("%s: rate %s p50 %.0f p90 %.0f ms, %s done, %s failed", tag, rate, row.get("median_ttft_ms") or -1,
                 row.get("p90_ttft_ms") or -1, row.get("completed"), row.get("failed"))  # fmt: skip
+    return row
+
+
+#: The /metrics series whose change over a run gives the server's own account of it (sums over the labels).
+SERVER_SERIES = (
+    "vllm:time_to_first_token_seconds_sum", "vllm:time_to_first_token_seconds_count", "vllm:prompt_tokens_total",
+    "vllm:request_queue_time_seconds_sum", "specprefill:score_time_seconds_sum", "specprefill:score_time_seconds_count",
+    "specprefill:kept_tokens_total",
+)  # fmt: skip
+
+
+def series_values(exposition: str) -> dict[str, float]:
+    """The `SERVER_SERIES` samples of a Prometheus text exposition, each summed over its labels."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(exposition):
+        for sample in family.samples:
+            if sample.name in SERVER_SERIES:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+    return values
+
+
+def metrics_snapshot(server: Server) -> dict[str, float]:
+    """`series_values` of the server's ``GET /metrics`` now (empty when it serves none)."""
+    import httpx
+
+    try:
+        response = httpx.get(server.base + "/metrics", timeout=30)
+    except httpx.HTTPError:
+        return {}
+    return series_values(response.text) if response.status_code == 200 else {}
+
+
+def server_side(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per-request means over a run from two snapshots: the server's TTFT, queue time, prompt tokens, scoring.
+
+    The run's requests include `vllm bench serve`'s own ready check (one request of the same length).
+    """
+
+    def delta(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    done = delta("vllm:time_to_first_token_seconds_count")
+    if done <= 0:
+        return {}
+    result = {
+        "requests": done,
+        "ttft_ms": 1000 * delta("vllm:time_to_first_token_seconds_sum") / done,
+        "queue_ms": 1000 * delta("vllm:request_queue_time_seconds_sum") / done,
+        "prompt_tokens": delta("vllm:prompt_tokens_total") / done,
+    }
+    scored = delta("specprefill:score_time_seconds_count")
+    if scored > 0:
+        result["score_ms"] = 1000 * delta("specprefill:score_time_seconds_sum") / scored
+        result["kept_tokens"] = delta("specprefill:kept_tokens_total") / done
+    return result
+
+
+def bench_unloaded(
+    server: Server, tokenizer_dir: Path, served: str, length: int, out: Path, tag: str, **kwargs: Any
+) -> dict[str, Any]:
+    """`UNLOADED_PROMPTS` prompts one at a time, with the server's own per-request means (`server_side`)."""
+    before = metrics_snapshot(server)
+    row = bench(server, tokenizer_dir, served, length, math.inf, UNLOADED_PROMPTS, out, tag, concurrency=1, **kwargs)
+    row["server_side"] = server_side(before, metrics_snapshot(server))
     return row
 
 
@@ -585,21 +657,26 @@ def _text_of(tok: Any, ids: list[int], length: int) -> str:
 
 
 def probe_components(
-    server: Server, length: int, served: str, tokenizer: Path | None = None, reps: int = 4
+    server: Server,
+    length: int,
+    served: str,
+    tokenizer: Path | None = None,
+    reps: int = 4,
+    options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Draft scoring and kept-prefill times (the server's usage fields), one streamed request at a time.
 
     The ids probe sends token ids (no tokenizing): its ``score_ms`` and ``prefill_ms`` make the
     ceiling. With ``tokenizer``, a second probe sends prompts of the same length as text, as
     ``vllm bench serve`` does, and keeps the median of every stage field (``text``): where the
-    unloaded TTFT goes beyond the two model steps.
+    unloaded TTFT goes beyond the two model steps. ``options`` is every request's ``specprefill`` field.
     """
-    bodies = _probe_bodies(length, served, reps)
+    bodies = _probe_bodies(length, served, reps, options=options)
     result: dict[str, Any] = _medians([_stream_usage(server.base, body) for body in bodies])
     logger.info("ids probe at %d: %s", length, {k: round(v, 1) for k, v in result.items()})
     if tokenizer is not None:
         try:
-            bodies = _probe_bodies(length, served, reps, tokenizer)
+            bodies = _probe_bodies(length, served, reps, tokenizer, options)
             result["text"] = _medians([_stream_usage(server.base, body) for body in bodies])
             logger.info("text probe at %d: %s", length, {k: round(v, 1) for k, v in result["text"].items()})
         except Exception as exc:  # the ceiling's probe above still counts
@@ -620,9 +697,13 @@ def probe_vanilla(server: Server, length: int, served: str, tokenizer: Path, rep
     }
 
 
-def _probe_bodies(length: int, served: str, reps: int, tokenizer: Path | None = None) -> list[dict[str, Any]]:
+def _probe_bodies(
+    length: int, served: str, reps: int, tokenizer: Path | None = None, options: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """``reps`` streamed completion bodies of ``length``-token random prompts: ids, or text with ``tokenizer``."""
-    base = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    base: dict[str, Any] = {"model": served, "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    if options:
+        base["specprefill"] = options
     # a seed per length: a shorter prompt of the same seed is a prefix of the longer one, which vLLM's
     # prefix cache would serve
     if tokenizer is None:
@@ -665,6 +746,31 @@ def sweep_server(
         else:
             rate *= 1.5 if (row.get("p90_ttft_ms") or 0) < 0.6 * slo_ms else 1.25
     return rows
+
+
+#: The longest `wait_for` waits for its file (seconds).
+PAUSE_S = 240.0
+
+
+def wait_for(path: Path, timeout_s: float) -> None:
+    """Wait until ``path`` exists, at most ``timeout_s``: a tree may be changed between the two servers."""
+    t0 = time.monotonic()
+    logger.info("waiting for %s (at most %.0f s)", path, timeout_s)
+    while not path.exists() and time.monotonic() - t0 < timeout_s:
+        time.sleep(1)
+    logger.info("%s after %.0f s", "going on" if path.exists() else "no file; going on", time.monotonic() - t0)
+
+
+def probe_policy(
+    server: Server, tokenizer: Path, served: str, length: int, out: Path, policy: str, vanilla_ms: float
+) -> dict[str, Any]:
+    """Our server under another policy preset, asked for per request: text probes and an unloaded run."""
+    options = {"policy": policy}
+    text = _medians([_stream_usage(server.base, b) for b in _probe_bodies(length, served, 4, tokenizer, options)])
+    logger.info("%s text probe at %d: %s", policy, length, {k: round(v, 1) for k, v in text.items()})
+    unloaded = bench_unloaded(server, tokenizer, served, length, out, f"ours_{policy}_{length}_unloaded",
+                              extra_body={"specprefill": options})  # fmt: skip
+    return {"text": text, "unloaded": unloaded, "unloaded_speedup": vanilla_ms / float(unloaded["median_ttft_ms"])}
 
 
 def _budget_share(left: float, lengths: list[int], length: int) -> float:
@@ -735,12 +841,16 @@ def stage_sweep(
     vanilla_budget_s: float | None = None,
     vanilla_probe_reps: int = 3,
     sweep_lengths: list[int] | None = None,
+    probe_policies: tuple[str, ...] = (),
+    pause_file: Path | None = None,
 ) -> dict[str, Any]:
     """Both servers, one after the other: unloaded probes, then rising Poisson rates per length.
 
     ``budget_s`` is the sweeps' time for the pair, half for each server unless ``vanilla_budget_s``
     sets vanilla's part (ours gets the rest); a sweep always runs its first rate. Only the lengths in
     ``sweep_lengths`` (default: every one) are swept; the others get the unloaded runs and probes only.
+    Each of ``probe_policies`` gets our server's unloaded run and text probes too, asked for per request
+    (`probe_policy`). With ``pause_file``, our server starts only once that file exists (`wait_for`).
     """
     swept = list(lengths) if sweep_lengths is None else [n for n in lengths if n in sweep_lengths]
     if pair == "llama":
@@ -782,8 +892,7 @@ def stage_sweep(
         t_stage = time.monotonic()
         for length in lengths:
             row = result["lengths"].setdefault(str(length), {})
-            unloaded = bench(vanilla, tokenizer, served, length, math.inf, UNLOADED_PROMPTS, out,
-                             f"vanilla_{length}_unloaded", concurrency=1)  # fmt: skip
+            unloaded = bench_unloaded(vanilla, tokenizer, served, length, out, f"vanilla_{length}_unloaded")
             row["vanilla_unloaded"] = unloaded
             slo = 2 * float(unloaded["median_ttft_ms"])
             row["slo_p90_ttft_ms"] = slo
@@ -806,6 +915,8 @@ def stage_sweep(
     finally:
         vanilla.stop()
     free_gpu(0.9)
+    if pause_file is not None:
+        wait_for(pause_file, PAUSE_S)
     ours = Server(f"{pair}_ours", ours_cmd(target, draft, served, 8502, max_len, extra), 8502, out)
     try:
         result["startup_s_ours"] = ours.wait()
@@ -824,14 +935,17 @@ def stage_sweep(
             row = result["lengths"][str(length)]
             row["components"] = probe_components(ours, length, served, tokenizer)
             save(out)  # the probes alone already give the ceiling and where the unloaded TTFT goes
-            unloaded = bench(ours, tokenizer, served, length, math.inf, UNLOADED_PROMPTS, out,
-                             f"ours_{length}_unloaded", concurrency=1)  # fmt: skip
+            unloaded = bench_unloaded(ours, tokenizer, served, length, out, f"ours_{length}_unloaded")
             row["ours_unloaded"] = unloaded
             comp = row["components"]
             vanilla_ms = float(row["vanilla_unloaded"]["median_ttft_ms"])
             row["ceiling"] = vanilla_ms / (comp["score_ms"] + comp["prefill_ms"])
             row["unloaded_speedup"] = vanilla_ms / float(unloaded["median_ttft_ms"])
             row["share_of_ceiling"] = row["unloaded_speedup"] / row["ceiling"]
+            for name in probe_policies:
+                got = probe_policy(ours, tokenizer, served, length, out, name, vanilla_ms)
+                row.setdefault("policies", {})[name] = got
+                save(out)
             capacity = 1000.0 / float(unloaded["median_ttft_ms"])
             left = shares["ours"] - (time.monotonic() - t_stage)
             row["ours"] = (
@@ -935,6 +1049,56 @@ def _host_table(lengths: dict[str, Any]) -> list[str]:
         "difference is the server's tokenizing of the text, which both servers pay):"
     )
     return _by_length(caption, "request", cells, list(next(iter(cells.values()))))
+
+
+def _server_side_table(lengths: dict[str, Any]) -> list[str]:
+    """Each server's unloaded run as the load generator saw it and as the server's /metrics counted it."""
+    cells: dict[str, dict[str, Any]] = {}
+    for length, row in lengths.items():
+        got: dict[str, Any] = {}
+        for server in ("vanilla", "ours"):
+            run = row.get(f"{server}_unloaded") or {}
+            side = run.get("server_side") or {}
+            got[f"{server}: load generator TTFT, median"] = run.get("median_ttft_ms")
+            got[f"{server}: load generator TTFT, mean"] = run.get("mean_ttft_ms")
+            got[f"{server}: server TTFT, mean"] = side.get("ttft_ms")
+            got[f"{server}: prompt tokens, mean"] = side.get("prompt_tokens")
+        got["ours: draft scoring, mean"] = ((row.get("ours_unloaded") or {}).get("server_side") or {}).get("score_ms")
+        if any(isinstance(v, int | float) for k, v in got.items() if "server" in k):
+            cells[length] = got
+    if not cells:
+        return []
+    caption = (
+        "The unloaded runs (one request at a time) as `vllm bench serve` timed them and as each server's "
+        "`/metrics` counted them (means over the run's requests, its ready check included; ms):"
+    )
+    return _by_length(caption, "field", cells, list(next(iter(cells.values()))))
+
+
+def _policies_table(lengths: dict[str, Any]) -> list[str]:
+    """Our server under other presets, asked for per request: unloaded TTFT, kept share, host steps."""
+    rows = [(length, name, got) for length, row in lengths.items() for name, got in (row.get("policies") or {}).items()]
+    if not rows:
+        return []
+    lines = [
+        "Our server with other policies, asked for per request (`specprefill.policy`): an unloaded run of "
+        "`vllm bench serve` (median TTFT) and the medians of text probes' `usage.specprefill` fields (ms):",
+        "",
+        "| input | policy | unloaded TTFT | speedup over vanilla | kept | scoring + kept prefill | tokenize | "
+        "selection | server |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    for length, name, got in rows:
+        text = got.get("text") or {}
+        n, k = text.get("prompt_tokens"), text.get("kept_tokens")
+        kept = k / n if n and k is not None else None
+        lines.append(
+            f"| {int(length):,} | `{name}` | {_f((got.get('unloaded') or {}).get('median_ttft_ms'))} ms | "
+            f"{_times(got.get('unloaded_speedup'))} | {'-' if kept is None else f'{100 * kept:.1f}%'} | "
+            f"{_f(text.get('score_ms'))} + {_f(text.get('prefill_ms'))} ms | {_f(text.get('tokenize_ms'), 1)} | "
+            f"{_f(text.get('select_ms'), 1)} | {_f(text.get('server_ms'), 1)} |"
+        )
+    return [*lines, ""]
 
 
 def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
@@ -1046,7 +1210,9 @@ def render(results: dict[str, Any]) -> str:
         for length, row in sweep.get("lengths", {}).items():
             lines.append(_summary_row(length, row))
             detail += [_rate_row(length, server, r) for server in ("vanilla", "ours") for r in row.get(server) or []]
-        lines += ["", *_stage_table(sweep.get("lengths", {})), *_host_table(sweep.get("lengths", {}))]
+        by_length = sweep.get("lengths", {})
+        lines += ["", *_stage_table(by_length), *_host_table(by_length), *_server_side_table(by_length)]
+        lines += _policies_table(by_length)
         lines += ["", "Every rate of the sweeps (TTFT in ms):", "", *detail, ""]
         for check in sweep.get("keep_all_vs_vanilla") or []:
             verdict = "equal" if check["equal"] else f"differ from token {check['first_divergence']}"
@@ -1126,6 +1292,12 @@ def main() -> int:
     parser.add_argument("--start-ours", type=float, default=START_SHARE["ours"],
                         help="our server's first rate, as a share of its unloaded capacity")  # fmt: skip
     parser.add_argument("--policy", default=POLICY, help="our server's policy preset or .toml file (default: paper)")
+    parser.add_argument(
+        "--probe-policies", default="", help="presets (comma-separated) our server also runs unloaded, per request"
+    )
+    parser.add_argument(
+        "--pause-file", type=Path, help=f"start our server once this file exists (wait {PAUSE_S:.0f} s at most)"
+    )
     parser.add_argument("--min-prompts", type=int, default=MIN_PROMPTS, help="prompts per swept rate, at least")
     parser.add_argument("--unloaded-prompts", type=int, default=UNLOADED_PROMPTS,
                         help="prompts of each server's one-at-a-time run")  # fmt: skip
@@ -1162,8 +1334,9 @@ def main() -> int:
             elif stage == "sweep":
                 lengths = [int(x) for x in args.lengths.split(",")]
                 swept = None if args.sweep_lengths is None else [int(x) for x in args.sweep_lengths.split(",")]
+                policies = tuple(p for p in args.probe_policies.split(",") if p)
                 stage_sweep(args.out, args.tokenizer, args.pair, lengths, args.budget, args.budget_vanilla,
-                            args.vanilla_probe_reps, swept)  # fmt: skip
+                            args.vanilla_probe_reps, swept, policies, args.pause_file)  # fmt: skip
             else:
                 raise SystemExit(f"unknown stage {stage!r}")
         except Exception as exc:

@@ -454,3 +454,50 @@ def test_the_serving_probes_of_two_lengths_share_no_prefix():
     for a, b in zip(short, long, strict=True):
         assert len(a["prompt"]) == 8192 and a["prompt"][:64] != b["prompt"][:64]
     assert short[0]["prompt"][:64] != short[1]["prompt"][:64]
+
+
+def test_the_serving_sweep_reads_each_servers_own_account_of_a_run_from_its_metrics():
+    from specprefill_sdk.server.limits import Admission
+    from specprefill_sdk.server.metrics import ServerMetrics
+    from specprefill_sdk.server.sessions import ConversationStore
+    from specprefill_sdk.types import Completion, Timings, Usage
+
+    module = _script("vllm_serve_gpu")
+    metrics = ServerMetrics("m", Admission(), ConversationStore(60.0, 4), max_model_len=40000)
+    usage = Usage(prompt_tokens=8000, kept_tokens=800, completion_tokens=4)
+    metrics.finished(Completion("a", (1, 2, 3, 4), "length", usage, Timings(ttft=300.0, total=600.0, score=50.0)),
+                     e2e_s=0.6, queued_s=0.0)  # fmt: skip
+    before = module.series_values(metrics.exposition().decode())
+    # the run: two requests, 0.2 s and 0.4 s to the first token (0.1 s of each before the model work)
+    for ttft, score in ((100.0, 40.0), (300.0, 60.0)):
+        usage = Usage(prompt_tokens=8192, kept_tokens=820, completion_tokens=4)
+        timings = Timings(ttft=ttft, total=ttft + 300.0, score=score)
+        metrics.finished(Completion("b", (1, 2, 3, 4), "length", usage, timings), e2e_s=0.1 + ttft / 1000 + 0.3,
+                         queued_s=0.05)  # fmt: skip
+    side = module.server_side(before, module.series_values(metrics.exposition().decode()))
+    assert side["requests"] == 2 and side["prompt_tokens"] == 8192 and side["kept_tokens"] == 820
+    assert side["ttft_ms"] == pytest.approx(300.0) and side["queue_ms"] == pytest.approx(50.0)
+    assert side["score_ms"] == pytest.approx(50.0)
+    assert module.server_side(before, before) == {}  # no request in between
+    lengths = {
+        "8192": {
+            "vanilla_unloaded": {"median_ttft_ms": 900.0, "server_side": {"ttft_ms": 880.0, "prompt_tokens": 8192}},
+            "ours_unloaded": {"median_ttft_ms": 180.0, "server_side": side},
+            "policies": {
+                "auto": {
+                    "text": {"prompt_tokens": 8192, "kept_tokens": 1024, "score_ms": 55.0, "prefill_ms": 90.0,
+                             "tokenize_ms": 9.5, "select_ms": 3.25, "server_ms": 160.0},  # fmt: skip
+                    "unloaded": {"median_ttft_ms": 170.0},
+                    "unloaded_speedup": 900.0 / 170.0,
+                }
+            },
+        },
+        "4096": {"vanilla_unloaded": {"median_ttft_ms": 400.0}},
+    }
+    table = "\n".join(module._server_side_table(lengths))
+    assert "| field | 8,192 |" in table  # a length no server counted gets no column
+    assert "| vanilla: server TTFT, mean | 880.0 |" in table and "| ours: server TTFT, mean | 300.0 |" in table
+    assert "| ours: draft scoring, mean | 50.0 |" in table
+    policies = "\n".join(module._policies_table(lengths))
+    assert "| 8,192 | `auto` | 170 ms | 5.29x | 12.5% | 55 + 90 ms | 9.5 | 3.2 | 160.0 |" in policies
+    assert module._policies_table({"8192": {}}) == []
