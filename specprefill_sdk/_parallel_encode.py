@@ -42,9 +42,10 @@ from typing import Any
 __all__ = ["encode", "piece_starts"]
 
 #: The shortest piece worth a thread: below it the piece's own overhead eats its share of the work.
-MIN_PIECE_CHARS = 4096
-#: Pieces per core: more than one, so that a core that gets a slow piece (or is busy) costs less.
-PIECES_PER_WORKER = 2
+MIN_PIECE_CHARS = 2048
+#: Pieces per core: several, so that a core that gets a slow piece (or is busy) costs less; rayon
+#: hands the pieces out as the cores free up.
+PIECES_PER_WORKER = 4
 
 #: The letters a cut may sit between: those of the blocks from ASCII to Cyrillic, whose letters
 #: (``str.isalpha``, Unicode's ``\p{L}``) were assigned long before any regex library's tables, so
