@@ -1265,7 +1265,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
         sweep = results["stages"][key]
         pair = sweep.get("target", key.removeprefix("sweep_")).split(",")[0]
         policy = f", policy {sweep['server_policy']}" if sweep.get("server_policy") else ""
-        ax.set_title(f"{pair}: {int(length):,}-token prompts, 128 out{policy}", fontsize=10)
+        ax.set_title(f"{pair}\n{int(length):,}-token prompts, 128 out{policy}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
     axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()

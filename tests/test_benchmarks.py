@@ -485,8 +485,15 @@ def test_the_serving_sweep_reads_each_servers_own_account_of_a_run_from_its_metr
             "ours_unloaded": {"median_ttft_ms": 180.0, "server_side": side},
             "policies": {
                 "auto": {
-                    "text": {"prompt_tokens": 8192, "kept_tokens": 1024, "score_ms": 55.0, "prefill_ms": 90.0,
-                             "tokenize_ms": 9.5, "select_ms": 3.25, "server_ms": 160.0},  # fmt: skip
+                    "text": {
+                        "prompt_tokens": 8192,
+                        "kept_tokens": 1024,
+                        "score_ms": 55.0,
+                        "prefill_ms": 90.0,
+                        "tokenize_ms": 9.5,
+                        "select_ms": 3.25,
+                        "server_ms": 160.0,
+                    },
                     "unloaded": {"median_ttft_ms": 170.0},
                     "unloaded_speedup": 900.0 / 170.0,
                 }

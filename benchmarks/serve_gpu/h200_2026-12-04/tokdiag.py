@@ -3,7 +3,8 @@ as `vllm bench serve` sends (SmolLM2 tokenizer) encoded whole, in our parallel p
 `build_prompt`, in a worker thread and right after a CPU matrix product, and with other rayon pool sizes.
 Every timing but the ``warm_`` ones starts from an empty BPE word cache, as a new random text finds it.
 
-    python3 tokdiag.py TOKENIZER OUT.json   (the --child form is its own subprocess, one pool size)
+    python3 tokdiag.py TOKENIZER OUT.json   (writes OUT.json and OUT.md; --render OUT.json: the markdown again;
+                                             the --child form is its own subprocess, one pool size)
 """
 
 from __future__ import annotations
@@ -72,9 +73,57 @@ def child(tokenizer: str) -> dict[str, Any]:
     }
 
 
+ROWS = (
+    ("chars", "characters"),
+    ("pieces", "pieces `piece_starts` cuts (two per core then)"),
+    ("whole_ms", "`encode` whole"),
+    ("warm_whole_ms", "`encode` whole, warm cache"),
+    ("ours_ms", "`_parallel_encode.encode` (ids and offsets joined)"),
+    ("build_prompt_ms", "`build_prompt`"),
+    ("warm_build_prompt_ms", "`build_prompt`, warm cache"),
+    ("build_prompt_in_thread_ms", "`build_prompt` in a worker thread"),
+    ("build_prompt_after_matmul_ms", "a 1024-square CPU matmul, then `build_prompt`"),
+    ("matmul_alone_ms", "the matmul alone"),
+    *((f"batch_{k}_ms", f"`encode_batch` of {k} pieces (Rust only)") for k in (2, 4, 8, 16, 32)),
+)
+
+
+def render(result: dict[str, Any]) -> str:
+    """The check as markdown: one column per prompt length, one row per timing (ms, medians of 7)."""
+    lengths = result["lengths"]
+    lines = [
+        "# Tokenizing a long random-id text on the lent H200's host",
+        "",
+        f"`{result.get('command', 'python3 tokdiag.py TOKENIZER OUT.json')}`: {result['cpu']}, "
+        f"{result['affinity']} cores in the process's affinity (cgroup limit: {result['cgroup_cpu_max'] or 'none'}), "
+        f"tokenizers {result['versions']['tokenizers']}, transformers {result['versions']['transformers']}, the "
+        "SmolLM2 tokenizer, texts as `vllm bench serve` sends them (random ids decoded). Medians of 7 runs in ms; "
+        "every run but the warm ones starts from an empty BPE word cache, as a new random text finds it.",
+        "",
+        "| | " + " | ".join(f"{int(n):,} tokens" for n in lengths) + " |",
+        "|---|" + "---:|" * len(lengths),
+    ]
+    for key, label in ROWS:
+        lines.append(f"| {label} | " + " | ".join(f"{row.get(key, '-'):,}" for row in lengths.values()) + " |")
+    lines += [
+        "",
+        "`build_prompt` of the 32K text in a process whose rayon pool has N threads (`RAYON_NUM_THREADS`):",
+        "",
+    ]
+    lines += ["| threads | pieces | ms |", "|---:|---:|---:|"]
+    for threads, got in result.get("rayon", {}).items():
+        if isinstance(got, dict):
+            lines.append(f"| {threads} | {got['pieces']} | {got['build_prompt_32k_ms']} |")
+    return "\n".join([*lines, ""])
+
+
 def main() -> None:
     if sys.argv[1] == "--child":
         print(json.dumps(child(sys.argv[2])))
+        return
+    if sys.argv[1] == "--render":
+        path = Path(sys.argv[2])
+        path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
         return
     tokenizer, out = sys.argv[1], Path(sys.argv[2])
     import tokenizers
@@ -137,6 +186,7 @@ def main() -> None:
         )
         print("rayon", threads, result["rayon"][threads], flush=True)
     out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(render(result))
     print(json.dumps({k: v for k, v in result.items() if k != "lengths"}))
 
 
