@@ -3,5 +3,4 @@
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 python3 benchmarks/serve_gpu/h200_2026-12-04/ours_8k.py $RES /tmp/proj/.gpujob/tok 4.2 3.4 2.7 > $RES/ours_8k.log 2>&1
-cp $RES/ours_8k.json $OUT/ 2>/dev/null
 touch $RES/job.done
