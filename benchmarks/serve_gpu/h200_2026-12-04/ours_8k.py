@@ -5,7 +5,7 @@ Vanilla `vllm serve` is not started (no time for a second engine): the service l
 unloaded TTFT at 8K on that lease's second machine (900.9 ms), and vanilla missed it there at 0.666 req/s.
 Rates, highest first, stop at the first one within the level.
 
-    python3 ours_8k.py OUT TOKENIZER RATE...
+    python3 ours_8k.py OUT TOKENIZER RATE...     (--render OUT.json: its markdown)
 """
 
 import json
@@ -17,6 +17,35 @@ import vllm_serve_gpu as m
 
 SLO_MS = 2 * 900.9  # job7.sh's vanilla, 5 prompts of 8,192 tokens one at a time
 LENGTH, MAX_LEN = 8192, 32768 + 256  # job7.sh's servers took every length up to 32K
+
+
+def render(result: dict) -> str:
+    """The run as markdown: its notes, then one row per rate."""
+    lines = ["# Our server alone at 8K (Qwen2.5-32B / 0.5B architectures, random weights, one H200)", ""]
+    lines += [f"Command: `{result['command']}`", ""]
+    for note in result.get("notes", []):
+        lines += [f"> {note}", ""]
+    lines += [
+        f"Policy {result['policy']}; engine options `{' '.join(result['engine_options'])}`; service level: p90 TTFT "
+        f"at most {result['slo_p90_ttft_ms']:,.1f} ms; `vllm bench serve`, random dataset, 8,192 in, 128 out, "
+        f"--ignore-eos, Poisson arrivals. Start-up {result.get('startup_s_ours')} s.",
+        "",
+        "| rate (req/s) | prompts | TTFT p50 | TTFT p90 | within SLO | goodput (req/s) | throughput (req/s) | failed |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in result["rates"]:
+        lines.append(
+            f"| {r['rate']:g} | {r['prompts']} | {r['median_ttft_ms']:,.0f} | {r['p90_ttft_ms']:,.0f} | "
+            f"{'yes' if r['within_slo'] else 'no'} | {r['request_goodput']:.2f} | {r['request_throughput']:.2f} | "
+            f"{r['failed']} |"
+        )
+    return "\n".join([*lines, ""])
+
+
+if sys.argv[1] == "--render":
+    path = Path(sys.argv[2])
+    path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
+    raise SystemExit(0)
 
 out, tok, rates = Path(sys.argv[1]), Path(sys.argv[2]), [float(r) for r in sys.argv[3:]]
 out.mkdir(parents=True, exist_ok=True)
