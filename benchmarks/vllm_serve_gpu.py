@@ -1016,8 +1016,12 @@ def _stage_table(lengths: dict[str, Any]) -> list[str]:
     return _by_length(caption, "field", texts, list(dict.fromkeys(keys)))
 
 
-def _by_length(caption: str, first: str, cells: dict[str, dict[str, Any]], keys: list[str]) -> list[str]:
-    """A markdown table under ``caption``: a row per key, a column per prompt length (``cells[length][key]``)."""
+def _by_length(caption: str, first: str, cells: dict[str, dict[str, Any]], keys: list[str] | None = None) -> list[str]:
+    """A markdown table under ``caption``: a row per key (default: the first cell's), a column per prompt
+    length (``cells[length][key]``); no lines without cells."""
+    if not cells:
+        return []
+    keys = list(next(iter(cells.values()))) if keys is None else keys
     lines = [
         caption,
         "",
@@ -1042,13 +1046,11 @@ def _host_table(lengths: dict[str, Any]) -> list[str]:
         }
         if any(v is not None for v in got.values()):
             cells[length] = got
-    if not cells:
-        return []
     caption = (
         "Client TTFT of one streamed request at a time, the prompt sent as token ids or as text (ms; the "
         "difference is the server's tokenizing of the text, which both servers pay):"
     )
-    return _by_length(caption, "request", cells, list(next(iter(cells.values()))))
+    return _by_length(caption, "request", cells)
 
 
 def _server_side_table(lengths: dict[str, Any]) -> list[str]:
@@ -1066,13 +1068,11 @@ def _server_side_table(lengths: dict[str, Any]) -> list[str]:
         got["ours: draft scoring, mean"] = ((row.get("ours_unloaded") or {}).get("server_side") or {}).get("score_ms")
         if any(isinstance(v, int | float) for k, v in got.items() if "server" in k):
             cells[length] = got
-    if not cells:
-        return []
     caption = (
         "The unloaded runs (one request at a time) as `vllm bench serve` timed them and as each server's "
         "`/metrics` counted them (means over the run's requests, its ready check included; ms):"
     )
-    return _by_length(caption, "field", cells, list(next(iter(cells.values()))))
+    return _by_length(caption, "field", cells)
 
 
 def _policies_table(lengths: dict[str, Any]) -> list[str]:
