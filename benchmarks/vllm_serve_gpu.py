@@ -17,7 +17,9 @@ sweep        one pair (``--pair llama``: Llama-3.1-8B architecture target, Llama
              against each server until p90 TTFT passes the service level; a probe of our server
              gives draft scoring and kept-prefill times, hence the TTFT ceiling of the same run, and
              a second probe (streamed random-id text, as the load generator sends) the medians of
-             every ``usage.specprefill`` stage field: where the unloaded TTFT goes.
+             every ``usage.specprefill`` stage field: where the unloaded TTFT goes. Each server's
+             ``/metrics``, read before and after each unloaded run, gives its own mean TTFT over it;
+             ``--probe-policies`` runs our server unloaded under other presets, asked for per request.
 
 Run on the GPU machine with vLLM importable (see docs/vllm.md)::
 
