@@ -673,13 +673,11 @@ def probe_components(
     ``vllm bench serve`` does, and keeps the median of every stage field (``text``): where the
     unloaded TTFT goes beyond the two model steps. ``options`` is every request's ``specprefill`` field.
     """
-    bodies = _probe_bodies(length, served, reps, options=options)
-    result: dict[str, Any] = _medians([_stream_usage(server.base, body) for body in bodies])
+    result: dict[str, Any] = _probe(server, length, served, reps, options=options)
     logger.info("ids probe at %d: %s", length, {k: round(v, 1) for k, v in result.items()})
     if tokenizer is not None:
         try:
-            bodies = _probe_bodies(length, served, reps, tokenizer, options)
-            result["text"] = _medians([_stream_usage(server.base, body) for body in bodies])
+            result["text"] = _probe(server, length, served, reps, tokenizer, options)
             logger.info("text probe at %d: %s", length, {k: round(v, 1) for k, v in result["text"].items()})
         except Exception as exc:  # the ceiling's probe above still counts
             logger.exception("the text probe failed")
@@ -694,9 +692,23 @@ def probe_vanilla(server: Server, length: int, served: str, tokenizer: Path, rep
     both servers pay, which the ceiling (model steps only) leaves out.
     """
     return {
-        "ids": _medians([_stream_usage(server.base, body) for body in _probe_bodies(length, served, reps)]),
-        "text": _medians([_stream_usage(server.base, b) for b in _probe_bodies(length, served, reps, tokenizer)]),
+        "ids": _probe(server, length, served, reps),
+        "text": _probe(server, length, served, reps, tokenizer),
     }
+
+
+def _probe(
+    server: Server,
+    length: int,
+    served: str,
+    reps: int,
+    tokenizer: Path | None = None,
+    options: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """The medians of `_stream_usage` over the `_probe_bodies` of these arguments, sent one at a time."""
+    return _medians(
+        [_stream_usage(server.base, body) for body in _probe_bodies(length, served, reps, tokenizer, options)]
+    )
 
 
 def _probe_bodies(
@@ -768,7 +780,7 @@ def probe_policy(
 ) -> dict[str, Any]:
     """Our server under another policy preset, asked for per request: text probes and an unloaded run."""
     options = {"policy": policy}
-    text = _medians([_stream_usage(server.base, b) for b in _probe_bodies(length, served, 4, tokenizer, options)])
+    text = _probe(server, length, served, 4, tokenizer, options)
     logger.info("%s text probe at %d: %s", policy, length, {k: round(v, 1) for k, v in text.items()})
     unloaded = bench_unloaded(server, tokenizer, served, length, out, f"ours_{policy}_{length}_unloaded",
                               extra_body={"specprefill": options})  # fmt: skip
