@@ -1,13 +1,16 @@
-"""The lease's last device minutes: our server alone on the Qwen2.5-32B / 0.5B architecture pair (random weights,
-`--policy paper`, the engine options of job7.sh's run), Poisson rates at 8K below the one job7.sh's sweep missed.
+"""A lease's last device minutes: our server alone at 8K on one random-weight pair (`--policy paper`, the engine
+options of `vllm_serve_gpu.py`), Poisson rates below the one the lease's sweep missed.
 
-Vanilla `vllm serve` is not started (no time for a second engine): the service level is job7.sh's, twice vanilla's
-unloaded TTFT at 8K on that lease's second machine (900.9 ms), and vanilla missed it there at 0.666 req/s.
-Rates, highest first, stop at the first one within the level.
+Vanilla `vllm serve` is not started (no time for a second engine): the service level is given, twice vanilla's
+unloaded TTFT at 8K as the same lease measured it. By default the Qwen2.5-32B / 0.5B pair and job7.sh's level
+(vanilla 900.9 ms on that lease's second machine, where it missed the level at 0.666 req/s); ``--pair llama
+--slo-ms 504`` is the run of 2026-12-04b (job9.sh's vanilla, 252.1 ms). Rates, highest first, stop at the first one
+within the level.
 
-    python3 ours_8k.py OUT TOKENIZER RATE...     (--render OUT.json: its markdown)
+    python3 ours_8k.py [--pair qwen|llama] [--slo-ms MS] OUT TOKENIZER RATE...     (--render OUT.json: its markdown)
 """
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,11 +20,14 @@ import vllm_serve_gpu as m
 
 SLO_MS = 2 * 900.9  # job7.sh's vanilla, 5 prompts of 8,192 tokens one at a time
 LENGTH, MAX_LEN = 8192, 32768 + 256  # job7.sh's servers took every length up to 32K
+#: Each pair's architectures, as its results name them.
+TITLES = {"qwen": "Qwen2.5-32B / 0.5B", "llama": "Llama-3.1-8B / 3.2-1B"}
 
 
 def render(result: dict) -> str:
     """The run as markdown: its notes, then one row per rate."""
-    lines = ["# Our server alone at 8K (Qwen2.5-32B / 0.5B architectures, random weights, one H200)", ""]
+    title = TITLES[result.get("pair", "qwen")]
+    lines = [f"# Our server alone at 8K ({title} architectures, random weights, one H200)", ""]
     lines += [f"Command: `{result['command']}`", ""]
     for note in result.get("notes", []):
         lines += [f"> {note}", ""]
@@ -47,16 +53,27 @@ if sys.argv[1] == "--render":
     path.with_suffix(".md").write_text(render(json.loads(path.read_text())))
     raise SystemExit(0)
 
-out, tok, rates = Path(sys.argv[1]), Path(sys.argv[2]), [float(r) for r in sys.argv[3:]]
+parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+parser.add_argument("--pair", choices=sorted(TITLES), default="qwen")
+parser.add_argument("--slo-ms", type=float, default=SLO_MS, help="the service level: p90 TTFT at most this")
+parser.add_argument("out", type=Path)
+parser.add_argument("tokenizer", type=Path)
+parser.add_argument("rates", type=float, nargs="+")
+args = parser.parse_args()
+out, tok, rates, SLO_MS = args.out, args.tokenizer, args.rates, args.slo_ms
 out.mkdir(parents=True, exist_ok=True)
 m.logging.basicConfig(level=m.logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
 import vllm_gpu as base  # noqa: E402
 
 base.install_entry_point()
-target, draft = m.qwen_dir("32b", tok, weights=False), m.qwen_dir("0.5b", tok, weights=True)
+if args.pair == "llama":
+    target, draft = m.llama_dir("8b", tok, weights=False), m.llama_dir("1b", tok, weights=True)
+else:
+    target, draft = m.qwen_dir("32b", tok, weights=False), m.qwen_dir("0.5b", tok, weights=True)
 served, extra = target.name, ["--load-format", "dummy"]
 result: dict = {
     "command": " ".join(["python3", *sys.argv]),
+    "pair": args.pair,
     "engine_options": [*m.ENGINE, "--max-model-len", str(MAX_LEN), *extra],
     "policy": m._policy_label(),
     "slo_p90_ttft_ms": SLO_MS,
@@ -68,7 +85,7 @@ def save() -> None:
     (out / "ours_8k.json").write_text(json.dumps(result, indent=1, default=str))
 
 
-ours = m.Server("qwen_ours_8k", m.ours_cmd(target, draft, served, 8502, MAX_LEN, extra), 8502, out)
+ours = m.Server(f"{args.pair}_ours_8k", m.ours_cmd(target, draft, served, 8502, MAX_LEN, extra), 8502, out)
 try:
     result["startup_s_ours"] = ours.wait()
     save()
