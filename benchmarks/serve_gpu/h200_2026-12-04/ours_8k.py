@@ -1,5 +1,6 @@
-"""A lease's last device minutes: our server alone at 8K on one random-weight pair (`--policy paper`, the engine
-options of `vllm_serve_gpu.py`), Poisson rates below the one the lease's sweep missed.
+"""A lease's last device minutes: our server alone at 8K on one random-weight pair, at several Poisson rates.
+
+`--policy paper` and the engine options of `vllm_serve_gpu.py`; the rates lie below the one the lease's sweep missed.
 
 Vanilla `vllm serve` is not started (no time for a second engine): the service level is given, twice vanilla's
 unloaded TTFT at 8K as the same lease measured it. By default the Qwen2.5-32B / 0.5B pair and job7.sh's level
