@@ -788,9 +788,14 @@ def probe_policy(
 
 
 def _budget_share(left: float, lengths: list[int], length: int) -> float:
-    """The part of ``left`` seconds for ``length``'s sweep: in proportion to the prompt lengths still to sweep."""
+    """The part of ``left`` seconds for ``length``'s sweep: an equal share among the lengths still to sweep.
+
+    A rate takes about the same wall time at every length (its arrivals last about `TARGET_S`, the load
+    generator starts and drains around them), so a short length needs as much time for its rates as a
+    long one; what a length leaves unused goes to the ones after it.
+    """
     rest = lengths[lengths.index(length) :]
-    return left * length / sum(rest)
+    return left / len(rest)
 
 
 def max_rate_within(rows: list[dict[str, Any]]) -> float | None:

@@ -275,11 +275,11 @@ def test_the_serving_probe_prints_the_median_of_each_stage_field_of_its_text_req
     assert table.index("client_ttft_ms") < table.index("tokenize_ms") < table.index("host_ms")
 
 
-def test_the_serving_sweep_gives_each_length_time_in_proportion_and_prints_both_servers_ids_and_text_ttft():
+def test_the_serving_sweep_gives_each_length_an_equal_share_and_prints_both_servers_ids_and_text_ttft():
     module = _script("vllm_serve_gpu")
     lengths = [32768, 16384, 8192]
-    assert module._budget_share(560.0, lengths, 32768) == 560.0 * 32768 / 57344
-    assert module._budget_share(300.0, lengths, 16384) == 300.0 * 2 / 3  # what is left, over the rest
+    assert module._budget_share(560.0, lengths, 32768) == 560.0 / 3
+    assert module._budget_share(300.0, lengths, 16384) == 150.0  # what is left, over the lengths still to sweep
     assert module._budget_share(100.0, lengths, 8192) == 100.0
     rows = {
         "32768": {
