@@ -13,6 +13,10 @@ load on CUDA):
 - ``beside_engine`` and ``beside_engine_thread``: with a vLLM engine of the target (random weights, idle)
   holding ``--gpu-memory-utilization`` of the GPU, as the served runs' engine does.
 
+Each condition but the threaded ones also times a second scorer on the same draft built with
+``ExecutionSettings(compile=False)`` (``*_uncompiled``): the served run before compiling became the default
+scored faster than the runs after it.
+
 For ``alone`` and ``beside_engine`` one call per length also runs under torch's profiler, which lists the
 attention kernels that ran and their device time (CPU ops in ``--tiny`` mode), and ``cudnn_sdp_enabled``
 records the process's cuDNN attention flag in each condition. Medians of ``--repeats`` calls after one.
@@ -29,6 +33,7 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -40,15 +45,25 @@ from ttft_gpu import CONFIGS, PAIRS, Bench, build_model, synthetic_tokenizer, ti
 from ttft_gpu import environment as device_environment
 
 from specprefill_sdk.policies import load_pipeline
+from specprefill_sdk.runtime.settings import ExecutionSettings
 from specprefill_sdk.types import Prompt
 
 logger = logging.getLogger("scorer_served_gpu")
 
 #: Names of the attention kernels and ops in a profile (lower case): cuDNN's, flash's, the efficient one's.
 ATTENTION_MARKS = ("attention", "fmha", "flash", "cudnn", "sdpa", "sdp_")
-#: The conditions in the order they run; the engine's two need vLLM.
-CONDITIONS = ("alone", "thread", "vllm_imported", "beside_engine", "beside_engine_thread")
-PROFILED = ("alone", "beside_engine")
+#: The conditions in the order they run (the engine's need vLLM), each but the threaded ones also uncompiled.
+CONDITIONS = (
+    "alone",
+    "alone_uncompiled",
+    "thread",
+    "vllm_imported",
+    "vllm_imported_uncompiled",
+    "beside_engine",
+    "beside_engine_uncompiled",
+    "beside_engine_thread",
+)
+PROFILED = ("alone", "alone_uncompiled", "beside_engine", "beside_engine_uncompiled")
 
 
 def attention_kernels(device: torch.device, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -91,13 +106,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     config = tiny(CONFIGS[draft_name]) if args.tiny else dict(CONFIGS[draft_name])
     vocab = int(config["vocab_size"])
     draft = build_model(draft_name, config, device, synthetic_tokenizer(vocab))
-    pipe = load_pipeline(args.policy, model=draft, draft=draft)
-    scorer = pipe.scorer
+    started = time.perf_counter()
+    scorer = load_pipeline(args.policy, model=draft, draft=draft).scorer
+    built_s = time.perf_counter() - started
+    started = time.perf_counter()
+    uncompiled = load_pipeline(args.policy, model=draft, draft=draft, execution=ExecutionSettings(compile=False)).scorer
+    scorers = {"": (scorer, built_s), "_uncompiled": (uncompiled, time.perf_counter() - started)}
     result: dict[str, Any] = {
         "command": command_line(),
         "draft": f"{draft_name} architecture, random weights, bf16" + (" (tiny)" if args.tiny else ""),
         "policy": args.policy,
         "scorer": repr(scorer),
+        "scorers": {
+            f"scorer{suffix}": {"compiled": bool(getattr(s, "compiled", False)), "build_and_warmup_s": round(t, 1)}
+            for suffix, (s, t) in scorers.items()
+        },
         "environment": device_environment(device),
         "engine": None,
         "conditions": {},
@@ -109,12 +132,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     bench = Bench(device, args.repeats, deadline=float("inf"))
     pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="scoring")
 
-    def run(condition: str, threaded: bool) -> None:
+    def run(condition: str, threaded: bool = False, suffix: str = "") -> None:
+        condition += suffix
+        score = scorers[suffix][0].score
         rows: dict[str, Any] = {}
         for n, prompt in prompts.items():
 
             def call(prompt: Prompt = prompt) -> Any:
-                return pool.submit(scorer.score, prompt).result() if threaded else scorer.score(prompt)
+                return pool.submit(score, prompt).result() if threaded else score(prompt)
 
             ms, runs = bench.median(call)
             row: dict[str, Any] = {"ms": ms, "runs": runs}
@@ -126,14 +151,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         write_results(args.out, args.name, result, markdown)
 
     try:
-        run("alone", threaded=False)
+        run("alone")
+        run("alone", suffix="_uncompiled")
         run("thread", threaded=True)
         if args.no_vllm:
             return result
         result["vllm_import"] = import_vllm_platform()
         if result["vllm_import"] != "imported":
             return result
-        run("vllm_imported", threaded=False)
+        run("vllm_imported")
+        run("vllm_imported", suffix="_uncompiled")
         target = dict(CONFIGS[target_name])
         engine, startup = start_engine(target, max(args.lengths) + 256, args.gpu_memory_utilization)
         result["engine"] = {
@@ -141,7 +168,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "startup_s": round(startup, 1),
             "gpu_memory_utilization": args.gpu_memory_utilization,
         }
-        run("beside_engine", threaded=False)
+        run("beside_engine")
+        run("beside_engine", suffix="_uncompiled")
         run("beside_engine_thread", threaded=True)
         del engine
     finally:
@@ -158,8 +186,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}`",
         "",
-        f"Draft: {result['draft']}; policy `{result['policy']}`; scorer `{result['scorer']}`; "
-        f"{json.dumps(result['environment'])}.",
+        f"Draft: {result['draft']}; policy `{result['policy']}`; scorer `{result['scorer']}` "
+        f"({json.dumps(result['scorers'])}); {json.dumps(result['environment'])}.",
     ]
     if result.get("vllm_import"):
         lines.append(f"vLLM's CUDA platform: {result['vllm_import']}.")

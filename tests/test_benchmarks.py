@@ -128,13 +128,18 @@ def test_draft_engine_check_mode_times_the_plain_prefill_and_each_scorer(tmp_pat
 def test_served_scorer_check_times_each_condition_and_lists_the_attention_ops(tmp_path):
     _run("scorer_served_gpu.py", "--tiny", "--no-vllm", "--repeats", "1", "--lengths", "256", "--out", str(tmp_path))
     result = json.loads((tmp_path / "scorer_served_gpu.json").read_text())
-    assert set(result["conditions"]) == {"alone", "thread"} and result["engine"] is None
+    assert set(result["conditions"]) == {"alone", "alone_uncompiled", "thread"} and result["engine"] is None
+    assert not result["scorers"]["scorer_uncompiled"]["compiled"]  # on the CPU neither scorer compiles
     alone, thread = result["conditions"]["alone"]["lengths"]["256"], result["conditions"]["thread"]["lengths"]["256"]
     assert alone["ms"] > 0 and thread["ms"] > 0 and "kernels" not in thread
     # the draft's two layers each ran SDPA once for the prompt, and the profile names that op
     assert any("scaled_dot_product" in k["name"] and k["calls"] >= 2 for k in alone["kernels"]), alone["kernels"]
     text = (tmp_path / "scorer_served_gpu.md").read_text()
-    assert "| n | alone | thread |" in text and "| 256 |" in text and "Attention kernels of one call, alone" in text
+    assert (
+        "| n | alone | alone_uncompiled | thread |" in text
+        and "| 256 |" in text
+        and "Attention kernels of one call, alone" in text
+    )
 
 
 def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
