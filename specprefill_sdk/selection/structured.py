@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import IntEnum
-from itertools import groupby, pairwise, starmap
+from itertools import chain, groupby, pairwise, starmap
 
 import numpy as np
 
@@ -67,16 +67,22 @@ def has_text_offsets(prompt: Prompt) -> bool:
     return bool(prompt.text) and any(starmap(operator.lt, prompt.offsets))
 
 
-def _newline_runs(text: str) -> list[tuple[int, int, Boundary]]:
-    """The whitespace runs of ``text`` that hold a newline, whole: ``(start, end, strength)``."""
-    runs: list[tuple[int, int, Boundary]] = []
+def _newline_runs(text: str) -> list[tuple[int, int, int]]:
+    """The whitespace runs of ``text`` that hold a newline, whole: ``(start, end, strength)``.
+
+    The strength is the `Boundary`'s plain int, which numpy reads without calling the enum member's
+    ``__index__``.
+    """
+    runs: list[tuple[int, int, int]] = []
+    line, paragraph = int(Boundary.LINE), int(Boundary.PARAGRAPH)
     for m in _NEWLINE.finditer(text):
-        start = m.start()
+        start, end = m.span()
+        first = start
         # The run's whitespace before its first newline (str.isspace is the regex's \s).
         while start > 0 and text[start - 1].isspace():
             start -= 1
-        strength = Boundary.PARAGRAPH if text.count("\n", m.start(), m.end()) > 1 else Boundary.LINE
-        runs.append((start, m.end(), strength))
+        # The match starts at the run's first newline: a second one makes it a paragraph break.
+        runs.append((start, end, paragraph if text.find("\n", first + 1, end) >= 0 else line))
     return runs
 
 
@@ -100,10 +106,12 @@ def _strengths(prompt: Prompt) -> np.ndarray:
     if n < 2:
         return out
     text = prompt.text
-    runs = [(m.start(1), m.end(1), Boundary.SENTENCE) for m in _SENTENCE.finditer(text)]
+    sentence = int(Boundary.SENTENCE)
+    runs = [(*m.span(1), sentence) for m in _SENTENCE.finditer(text)]
     runs += _newline_runs(text)
     if runs:
-        table = np.asarray(runs, dtype=np.int64).reshape(-1, 3)
+        # fromiter over the flattened triples reads them in one C loop; asarray of the tuples took twice as long.
+        table = np.fromiter(chain.from_iterable(runs), dtype=np.int64, count=3 * len(runs)).reshape(-1, 3)
         # The cut goes before the first token that reaches past the whitespace (so whitespace-only
         # tokens stay with the text before them), unless that token starts before the whitespace:
         # one token holding the punctuation and the next word is not cut.
