@@ -252,22 +252,33 @@ def plot(result: dict[str, Any], path: Path) -> None:
     save_figure(fig, path)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draft", choices=[k for k in CONFIGS if k in ("llama-3.2-1b", "qwen2.5-0.5b")],
-                        default="llama-3.2-1b")  # fmt: skip
-    parser.add_argument("--lengths", nargs="+", type=int, default=[8192, 16384, 32768])
+def add_engine_args(parser: argparse.ArgumentParser, lengths: list[int], memory: float, name: str) -> None:
+    """The options this script shares with `scorer_served_gpu`: lengths, repeats, the engine's memory, checks."""
+    parser.add_argument("--lengths", nargs="+", type=int, default=lengths)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="the engine's share of the GPU")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=memory, help="the engine's share of the GPU")
     parser.add_argument("--no-vllm", action="store_true", help="leave the engine out (a check without vLLM)")
     parser.add_argument("--tiny", action="store_true", help="a tiny config on the CPU (a check of the script)")
-    add_output_args(parser, "draft_engine_gpu")
+    add_output_args(parser, name)
+
+
+def parse_engine_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``argv`` parsed, logging set up, and the options `add_engine_args` added checked."""
     args = parser.parse_args(argv)
     setup_logging(sys.stdout)
     if not args.tiny and not torch.cuda.is_available():
         parser.error("needs a CUDA GPU (or --tiny for a CPU check)")
     if not 0 < args.gpu_memory_utilization < 1:
         parser.error("--gpu-memory-utilization must lie in (0, 1)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draft", choices=[k for k in CONFIGS if k in ("llama-3.2-1b", "qwen2.5-0.5b")],
+                        default="llama-3.2-1b")  # fmt: skip
+    add_engine_args(parser, [8192, 16384, 32768], 0.3, "draft_engine_gpu")
+    args = parse_engine_args(parser, argv)
     result = measure(args)
     write_results(args.out, args.name, result, markdown, plot)
     return 0

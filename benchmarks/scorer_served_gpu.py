@@ -32,15 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
-from _common import add_output_args, command_line, setup_logging, write_results
-from draft_engine_gpu import start_engine
+from _common import command_line, write_results
+from draft_engine_gpu import add_engine_args, parse_engine_args, start_engine
 from ttft_gpu import CONFIGS, PAIRS, Bench, build_model, synthetic_tokenizer, tiny
 from ttft_gpu import environment as device_environment
 
@@ -221,18 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="llama", help="the draft, and the engine's target")
     parser.add_argument("--policy", default="paper", help="the policy whose scorer is timed (default: paper)")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[32768, 16384, 8192])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.8, help="the engine's share of the GPU")
-    parser.add_argument("--no-vllm", action="store_true", help="only the conditions without vLLM")
-    parser.add_argument("--tiny", action="store_true", help="a tiny config on the CPU (a check of the script)")
-    add_output_args(parser, "scorer_served_gpu")
-    args = parser.parse_args(argv)
-    setup_logging(sys.stdout)
-    if not args.tiny and not torch.cuda.is_available():
-        parser.error("needs a CUDA GPU (or --tiny for a CPU check)")
-    if not 0 < args.gpu_memory_utilization < 1:
-        parser.error("--gpu-memory-utilization must lie in (0, 1)")
+    add_engine_args(parser, [32768, 16384, 8192], 0.8, "scorer_served_gpu")
+    args = parse_engine_args(parser, argv)
     write_results(args.out, args.name, measure(args), markdown)
     return 0
 
