@@ -110,7 +110,7 @@ def _strengths(prompt: Prompt) -> np.ndarray:
     runs = [(*m.span(1), sentence) for m in _SENTENCE.finditer(text)]
     runs += _newline_runs(text)
     if runs:
-        # fromiter over the flattened triples reads them in one C loop; asarray of the tuples took twice as long.
+        # fromiter reads the flattened triples in one C loop, faster than asarray converts the tuples.
         table = np.fromiter(chain.from_iterable(runs), dtype=np.int64, count=3 * len(runs)).reshape(-1, 3)
         # The cut goes before the first token that reaches past the whitespace (so whitespace-only
         # tokens stay with the text before them), unless that token starts before the whitespace:
