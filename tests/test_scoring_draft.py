@@ -187,6 +187,41 @@ def test_fixed_buffer_look_ahead_equals_step_by_step_decoding(fp32_scorer, smoll
     assert fp32_scorer._runner is None  # buffers are kept between calls only for CUDA graphs
 
 
+def test_look_ahead_steps_run_under_the_scorers_attention_kernels(fp32_scorer, smollm_fp32, texts, monkeypatch):
+    """The prefill and every look-ahead step run inside `sdpa_context` (a compiled step keeps its traced kernel)."""
+    import contextlib
+
+    from specprefill_sdk.scoring.draft_attention import lookahead, scorer
+
+    active = []
+    seen: dict[str, list[bool]] = {"prefill": [], "run": []}
+
+    @contextlib.contextmanager
+    def recording_context(names, device):
+        assert names == fp32_scorer.execution.attention_backends and device == smollm_fp32.device
+        active.append(True)
+        try:
+            yield
+        finally:
+            active.pop()
+
+    def recorded(name):
+        original = getattr(lookahead.FixedBufferLookAhead, name)
+
+        def call(self, *args, **kwargs):
+            seen[name].append(bool(active))
+            return original(self, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(scorer, "sdpa_context", recording_context)
+    for name in seen:
+        monkeypatch.setattr(lookahead.FixedBufferLookAhead, name, recorded(name))
+    prompt = build_prompt(smollm_fp32.tokenizer, [{"role": "user", "content": texts[1] + "\nSummarize."}])
+    assert fp32_scorer.score(prompt).info["look_ahead"] == 8
+    assert seen == {"prefill": [True], "run": [True]}
+
+
 def test_windowed_drafts_keep_the_step_by_step_path(tokenizer):
     assert not DraftAttentionScorer(tiny_model("gemma3", tokenizer), look_ahead=3)._fixed_buffers
     assert DraftAttentionScorer(tiny_model("qwen2", tokenizer), look_ahead=3)._fixed_buffers

@@ -107,9 +107,9 @@ class ExecutionSettings:
         cuda_graph: on a CUDA device, replay the scorer's look-ahead decode steps as a CUDA graph
             (captured on first use, kept for later prompts that fit; `release` frees it): the steps
             then cost about what their memory traffic costs instead of what launching them costs.
-        attention_backends: on a CUDA device, the SDPA kernels the draft's prefill may use during a
-            scoring call, in order of preference (``"cudnn"``, ``"flash"``, ``"efficient"``,
-            ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
+        attention_backends: on a CUDA device, the SDPA kernels the draft's prefill and look-ahead
+            steps may use during a scoring call, in order of preference (``"cudnn"``, ``"flash"``,
+            ``"efficient"``, ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
             torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
             turns cuDNN attention off for the whole process (docs/scoring.md). The choice applies
             process-wide while a call runs.

@@ -533,21 +533,23 @@ class DraftAttentionScorer:
         collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
         # the caller, `score_batch`, holds `lock`: the buffers are this draft's alone meanwhile
         runner = self._runner_for(size, width, steps)
+        # The look-ahead steps too: a compiled step's attention kernel is chosen when it is traced and
+        # kept in its graph, so a step traced under vLLM's process-wide settings would keep theirs.
         with sdpa_context(self.execution.attention_backends, self.loaded.device):
             first = runner.prefill(input_ids, attention_mask, position_ids)
-        if not runner.written:
-            raise SpecPrefillError(
-                f"{type(model).__name__} did not route its attention through transformers' "
-                "AttentionInterface; it cannot be used as a draft"
-            )
-        if len(runner.written) != len(runner.keys):
-            raise SpecPrefillError(
-                f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} layers; "
-                "it cannot be used as a draft"
-            )
-        with torch.inference_mode():
-            tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
-            collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
+            if not runner.written:
+                raise SpecPrefillError(
+                    f"{type(model).__name__} did not route its attention through transformers' "
+                    "AttentionInterface; it cannot be used as a draft"
+                )
+            if len(runner.written) != len(runner.keys):
+                raise SpecPrefillError(
+                    f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} "
+                    "layers; it cannot be used as a draft"
+                )
+            with torch.inference_mode():
+                tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
+                collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
         if first is None:  # stopped after `layers` layers: no look-ahead (steps is 0)
             listed: list[list[int]] = [[] for _ in range(size)]
         elif tokens is None:
