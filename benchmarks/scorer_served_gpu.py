@@ -32,10 +32,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+# The server's default (auto: compiled on CUDA), which `_common` would otherwise turn off for this process.
+os.environ.setdefault("SPECPREFILL_COMPILE", "")
 
 import torch
 from _common import command_line, write_results
@@ -62,7 +66,7 @@ CONDITIONS = (
     "beside_engine_uncompiled",
     "beside_engine_thread",
 )
-PROFILED = ("alone", "alone_uncompiled", "beside_engine", "beside_engine_uncompiled")
+PROFILED = ("alone", "alone_uncompiled", "vllm_imported", "beside_engine", "beside_engine_uncompiled")
 
 
 def attention_kernels(device: torch.device, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -160,6 +164,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             return result
         run("vllm_imported")
         run("vllm_imported", suffix="_uncompiled")
+        if args.no_engine:
+            return result
         target = dict(CONFIGS[target_name])
         engine, startup = start_engine(target, max(args.lengths) + 256, args.gpu_memory_utilization)
         result["engine"] = {
@@ -220,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=sorted(PAIRS), default="llama", help="the draft, and the engine's target")
     parser.add_argument("--policy", default="paper", help="the policy whose scorer is timed (default: paper)")
+    parser.add_argument("--no-engine", action="store_true", help="stop after vLLM's import (no engine beside)")
     add_engine_args(parser, [32768, 16384, 8192], 0.8, "scorer_served_gpu")
     args = parse_engine_args(parser, argv)
     write_results(args.out, args.name, measure(args), markdown)
