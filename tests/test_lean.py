@@ -298,7 +298,10 @@ def test_the_prompt_bucket_is_for_cudnn_first_on_cuda_only() -> None:
     run = ExecutionSettings(attention_bucket=256)
     assert run.prompt_bucket(torch.device("cuda")) == 256 and run.prompt_bucket(torch.device("cpu")) == 1
     assert (
-        ExecutionSettings(attention_bucket=256, attention_backends=("flash",)).prompt_bucket(torch.device("cuda")) == 1
+        ExecutionSettings(attention_bucket=256, attention_backends=("flash", "efficient")).prompt_bucket(
+            torch.device("cuda")
+        )
+        == 1
     )
     assert ExecutionSettings(attention_bucket=256, attention_backends=None).prompt_bucket(torch.device("cuda")) == 1
     with pytest.raises(InvalidRequestError, match="attention_bucket must be an integer >= 1"):

@@ -30,7 +30,7 @@ def test_importing_the_runtime_imports_no_stage() -> None:
 def test_execution_settings_are_frozen_validated_and_compared_by_value() -> None:
     default = ExecutionSettings()
     assert default == ExecutionSettings(attention_backends=list(DEFAULT_ATTENTION_BACKENDS))  # type: ignore[arg-type]
-    assert ExecutionSettings(attention_backends="flash").attention_backends == ("flash",)  # type: ignore[arg-type]
+    assert ExecutionSettings(attention_backends="cudnn").attention_backends == ("cudnn",)  # type: ignore[arg-type]
     assert ExecutionSettings(attention_backends=None).attention_backends is None
     with pytest.raises(dataclasses.FrozenInstanceError):
         default.compile = True  # type: ignore[misc]
@@ -42,6 +42,8 @@ def test_execution_settings_are_frozen_validated_and_compared_by_value() -> None
             ExecutionSettings(max_batch_tokens=size)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError, match="attention_backends"):
         ExecutionSettings(attention_backends=("flash", "vulkan"))
+    with pytest.raises(InvalidRequestError, match="takes an attention mask"):
+        ExecutionSettings(attention_backends=("flash",))  # the look-ahead steps' masked attention has no kernel
     with pytest.raises(InvalidRequestError, match="attention_backends"):
         dataclasses.replace(default, attention_backends=())  # replace validates again
 

@@ -40,6 +40,8 @@ SDPA_KERNELS = {
     "math": "MATH",
 }
 DEFAULT_ATTENTION_BACKENDS: tuple[str, ...] = tuple(SDPA_KERNELS)
+#: the kernels that take an attention mask: a compiled look-ahead step attends over a masked cache
+MASKED_KERNELS = ("cudnn", "efficient", "math")
 
 #: the prefix of the attention implementations that the draft-attention hook registers
 HOOKED_PREFIX = "specprefill_"
@@ -57,7 +59,8 @@ def check_attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | N
     """``value`` checked and as a tuple of `SDPA_KERNELS` names (a single name is a sequence of one).
 
     Raises:
-        InvalidRequestError: an empty sequence or an unknown name.
+        InvalidRequestError: an empty sequence, an unknown name, or no kernel that takes a mask
+            (`MASKED_KERNELS`: the scorer's compiled look-ahead steps need one; flash takes none).
     """
     if value is None:
         return None
@@ -71,6 +74,12 @@ def check_attention_backends(value: Sequence[str] | None) -> tuple[str, ...] | N
     if not names or unknown:
         raise InvalidRequestError(
             f"attention_backends must be a non-empty sequence of {', '.join(SDPA_KERNELS)}; got {value!r}",
+            param="attention_backends",
+        )
+    if not any(n in MASKED_KERNELS for n in names):
+        raise InvalidRequestError(
+            f"attention_backends {names!r} has no kernel that takes an attention mask, which the draft's "
+            f"look-ahead steps attend with; name one of {', '.join(MASKED_KERNELS)} too",
             param="attention_backends",
         )
     return names
