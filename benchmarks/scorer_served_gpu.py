@@ -11,19 +11,23 @@ load on CUDA):
 - ``vllm_imported``: after ``import vllm.platforms.cuda``, which turns cuDNN attention off for the whole
   process (``torch.backends.cuda.enable_cudnn_sdp(False)``); the scorer asks for its kernels per call;
 - ``beside_engine`` and ``beside_engine_thread``: with a vLLM engine of the target (random weights, idle)
-  holding ``--gpu-memory-utilization`` of the GPU, as the served runs' engine does.
+  holding ``--gpu-memory-utilization`` of the GPU, as the served runs' engine does (``--no-engine``: not run);
+- ``built_after_vllm`` (``--vllm-first``, alone): the scorers built and compiled after vLLM's import, as the
+  server builds them; the other conditions build them before it, so their compiled passes are traced with
+  cuDNN attention on.
 
 Each condition but the threaded ones also times a second scorer on the same draft built with
 ``ExecutionSettings(compile=False)`` (``*_uncompiled``): the served run before compiling became the default
 scored faster than the runs after it.
 
-For ``alone`` and ``beside_engine`` one call per length also runs under torch's profiler, which lists the
+For ``alone``, ``vllm_imported``, ``built_after_vllm`` and ``beside_engine`` one call per length also runs under torch's profiler, which lists the
 attention kernels that ran and their device time (CPU ops in ``--tiny`` mode), and ``cudnn_sdp_enabled``
 records the process's cuDNN attention flag in each condition. Medians of ``--repeats`` calls after one.
 
 Usage (device machine, vLLM importable)::
 
     python benchmarks/scorer_served_gpu.py --pair llama --lengths 32768 16384 8192 --out $OUT
+    python benchmarks/scorer_served_gpu.py --pair llama --lengths 32768 8192 --vllm-first --out $OUT
     python benchmarks/scorer_served_gpu.py --tiny --no-vllm --lengths 256 --out /tmp/check   # CPU check
 """
 
@@ -62,11 +66,20 @@ CONDITIONS = (
     "thread",
     "vllm_imported",
     "vllm_imported_uncompiled",
+    "built_after_vllm",
+    "built_after_vllm_uncompiled",
     "beside_engine",
     "beside_engine_uncompiled",
     "beside_engine_thread",
 )
-PROFILED = ("alone", "alone_uncompiled", "vllm_imported", "beside_engine", "beside_engine_uncompiled")
+PROFILED = (
+    "alone",
+    "alone_uncompiled",
+    "vllm_imported",
+    "built_after_vllm",
+    "beside_engine",
+    "beside_engine_uncompiled",
+)
 
 
 def attention_kernels(device: torch.device, fn: Callable[[], Any]) -> list[dict[str, Any]]:
@@ -108,6 +121,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     target_name, draft_name = PAIRS[args.pair]
     config = tiny(CONFIGS[draft_name]) if args.tiny else dict(CONFIGS[draft_name])
     vocab = int(config["vocab_size"])
+    # As the server does: vLLM is imported before the draft is built and its passes compiled.
+    first_import = import_vllm_platform() if args.vllm_first else None
     draft = build_model(draft_name, config, device, synthetic_tokenizer(vocab))
     started = time.perf_counter()
     scorer = load_pipeline(args.policy, model=draft, draft=draft).scorer
@@ -154,6 +169,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         write_results(args.out, args.name, result, markdown)
 
     try:
+        if first_import is not None:
+            result["vllm_import"] = f"{first_import}, before the scorers were built"
+            run("built_after_vllm")
+            run("built_after_vllm", suffix="_uncompiled")
+            return result
         run("alone")
         run("alone", suffix="_uncompiled")
         run("thread", threaded=True)
@@ -227,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pair", choices=sorted(PAIRS), default="llama", help="the draft, and the engine's target")
     parser.add_argument("--policy", default="paper", help="the policy whose scorer is timed (default: paper)")
     parser.add_argument("--no-engine", action="store_true", help="stop after vLLM's import (no engine beside)")
+    parser.add_argument(
+        "--vllm-first", action="store_true", help="import vLLM before building the scorers, time them, and stop"
+    )
     add_engine_args(parser, [32768, 16384, 8192], 0.8, "scorer_served_gpu")
     args = parse_engine_args(parser, argv)
     write_results(args.out, args.name, measure(args), markdown)

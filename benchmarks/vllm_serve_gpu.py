@@ -1185,8 +1185,21 @@ def _render_real(real: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def gpu_name() -> str:
+    """The first GPU's name as nvidia-smi gives it ("unknown" without one)."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.splitlines()[0].strip() if out.strip() else "unknown"
+
+
 def render(results: dict[str, Any]) -> str:
-    lines = ["# `specprefill serve --engine vllm` against vanilla `vllm serve` (one H200)", ""]
+    # the runs before the GPU was recorded all ran on an H200
+    gpu = results.get("gpu", "NVIDIA H200")
+    lines = [f"# `specprefill serve --engine vllm` against vanilla `vllm serve` (one {gpu})", ""]
     if results.get("command"):
         lines += [f"Command: `{results['command']}`", ""]
     for note in results.get("notes", []):
@@ -1342,6 +1355,7 @@ def main() -> int:
     base.install_entry_point()
     args.out.mkdir(parents=True, exist_ok=True)
     RESULTS["command"] = " ".join(["python", *sys.argv])
+    RESULTS["gpu"] = gpu_name()
     for stage in args.stages.split(","):
         t0 = elapsed()
         try:

@@ -140,6 +140,13 @@ def test_served_scorer_check_times_each_condition_and_lists_the_attention_ops(tm
         and "| 256 |" in text
         and "Attention kernels of one call, alone" in text
     )
+    # --vllm-first: the scorers built after vLLM's import (here none to import), timed, and nothing else
+    _run(
+        "scorer_served_gpu.py", "--tiny", "--vllm-first", "--repeats", "1", "--lengths", "256", "--out", str(tmp_path)
+    )  # fmt: skip
+    first = json.loads((tmp_path / "scorer_served_gpu.json").read_text())
+    assert set(first["conditions"]) == {"built_after_vllm", "built_after_vllm_uncompiled"}
+    assert first["vllm_import"].endswith("before the scorers were built")
 
 
 def test_exactness_check_mode_agrees_with_the_reference_in_float32(tmp_path):
@@ -364,6 +371,10 @@ def test_the_serving_real_weight_stage_counts_agreement_per_task_and_lists_each_
     assert "| qa_squad | 1 | 1/1 | 1/1 | 0/1 | 0/1 | 1/1 | 1/1 |" in text
     assert "| all | 3 | 3/3 | 2/3 | 0/3 | 0/3 | 2/3 | 2/3 |" in text
     assert "| niah_single/8192/1 | 8,100 | 100 / 99 | 4 | 0.062 |" in text
+    # the GPU the run recorded names it; a file from before it was recorded ran on an H200
+    assert text.startswith("# `specprefill serve --engine vllm` against vanilla `vllm serve` (one NVIDIA H200)")
+    other = module.render({"stages": {"real": real}, "gpu": "NVIDIA H100 80GB HBM3"})
+    assert other.splitlines()[0].endswith("(one NVIDIA H100 80GB HBM3)")
 
 
 def test_warmup_check_mode_times_a_cold_and_a_warm_server(tmp_path):
