@@ -20,9 +20,10 @@ Each condition but the threaded ones also times a second scorer on the same draf
 ``ExecutionSettings(compile=False)`` (``*_uncompiled``): the served run before compiling became the default
 scored faster than the runs after it.
 
-For ``alone``, ``vllm_imported``, ``built_after_vllm`` and ``beside_engine`` one call per length also runs under torch's profiler, which lists the
-attention kernels that ran and their device time (CPU ops in ``--tiny`` mode), and ``cudnn_sdp_enabled``
-records the process's cuDNN attention flag in each condition. Medians of ``--repeats`` calls after one.
+For ``alone``, ``vllm_imported``, ``built_after_vllm`` and ``beside_engine`` one call per length also runs
+under torch's profiler, which lists the attention kernels that ran and their device time (CPU ops in
+``--tiny`` mode), and ``cudnn_sdp_enabled`` records the process's cuDNN attention flag in each condition.
+Medians of ``--repeats`` calls after one.
 
 Usage (device machine, vLLM importable)::
 
