@@ -109,10 +109,11 @@ class ExecutionSettings:
             then cost about what their memory traffic costs instead of what launching them costs.
         attention_backends: on a CUDA device, the SDPA kernels the draft's prefill and look-ahead
             steps may use during a scoring call, in order of preference (``"cudnn"``, ``"flash"``,
-            ``"efficient"``, ``"math"``); ``None`` leaves torch's process-wide settings as they are. The default is
-            torch's own order on Hopper GPUs, restored for the scoring call because importing vLLM
-            turns cuDNN attention off for the whole process (docs/scoring.md). The choice applies
-            process-wide while a call runs.
+            ``"efficient"``, ``"math"``; the steps attend with a mask, so one of ``"cudnn"``,
+            ``"efficient"`` and ``"math"`` must be among them); ``None`` leaves torch's process-wide
+            settings as they are. The default is torch's own order on Hopper GPUs, restored for the
+            scoring call because importing vLLM turns cuDNN attention off for the whole process
+            (docs/scoring.md). The choice applies process-wide while a call runs.
         attention_bucket: on a CUDA device whose ``attention_backends`` put ``"cudnn"`` first, the
             draft's prefill attention runs on the prompt padded at its end to a multiple of this many
             tokens. A causal query never attends to a later token, so the prompt's results are those
