@@ -65,3 +65,26 @@ def test_a_session_with_the_first_layers_only_caches_those_and_scores_like_the_s
         cache = session._cache
         assert len(cache.layers) == 10 and cache.get_seq_length() == session.cached_tokens == prompt.n
     assert session.last_prefilled < build_prompt(tok, turn2).n / 4
+
+
+def test_a_sessions_passes_run_under_the_scorers_attention_kernels(smollm, essay, monkeypatch) -> None:
+    """Every forward of a session, the new turn's and the look-ahead steps', runs inside `sdpa_context`."""
+    import contextlib
+
+    from specprefill_sdk.scoring.draft_attention import incremental
+
+    scorer = DraftAttentionScorer(smollm, look_ahead=3)
+    entered: list[tuple[object, object]] = []
+
+    @contextlib.contextmanager
+    def recording_context(names, device):
+        entered.append((names, device))
+        yield
+
+    monkeypatch.setattr(incremental, "sdpa_context", recording_context)
+    session = DraftSession(scorer)
+    scores = session.score(build_prompt(smollm.tokenizer, essay[:600] + "\n\nWhat is this about?"))
+    assert scores.info["look_ahead"] == 3
+    # the prompt but its last token, the last token (its queries observed), then the two further look-ahead
+    # steps: each pass with the scorer's kernels on its device
+    assert entered == [(scorer.execution.attention_backends, smollm.device)] * 4

@@ -28,6 +28,7 @@ import torch
 from ...errors import SpecPrefillError
 from ...interfaces import IncrementalScorer
 from ...models import cache_argument
+from ...runtime.attention import sdpa_context
 from ...runtime.norms import fused_norms
 from ...types import Prompt, TokenScores
 from .._alignment import check_prompt, same_vocabulary, to_draft_tokens
@@ -159,8 +160,9 @@ class DraftSession:
         positions = torch.arange(start, start + len(ids), device=device)[None, :]
         layers = self.scorer.layers
         stop = LayerStop(layers - 1).active() if layers is not None and not observed else contextlib.nullcontext()
+        kernels = sdpa_context(self.scorer.execution.attention_backends, device)  # as the scorer's own passes
         try:
-            with fused_norms(self.scorer.execution.fused_norms), stop:
+            with fused_norms(self.scorer.execution.fused_norms), stop, kernels:
                 out = self.loaded.model(
                     input_ids=input_ids,
                     position_ids=positions,
