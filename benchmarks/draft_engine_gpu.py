@@ -32,11 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+# The scorers as users get them (auto: compiled on CUDA), which `_common` would otherwise turn off here.
+os.environ.setdefault("SPECPREFILL_COMPILE", "")
 
 import torch
 from _common import add_output_args, command_line, save_figure, setup_logging, write_json, write_results
