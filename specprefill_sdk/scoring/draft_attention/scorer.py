@@ -437,11 +437,21 @@ class DraftAttentionScorer:
         )
 
     def _score_ids(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
-        """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly."""
+        """Prefill + greedy look-ahead on a left-padded batch, collecting attention on the fly.
+
+        Every pass runs under the scorer's attention kernels, the look-ahead steps too: a compiled step
+        keeps the kernel chosen when it was traced, so a step traced under another library's process-wide
+        settings (vLLM's import turns cuDNN off) would keep theirs.
+        """
+        with sdpa_context(self.execution.attention_backends, self.loaded.device):
+            if self._fixed_buffers:
+                steps = min(self.look_ahead - 1, self.loaded.max_context - min(len(ids) for ids in batch))
+                return self._score_ids_fixed_buffers(batch, steps)
+            return self._score_ids_stepwise(batch)
+
+    def _score_ids_stepwise(self, batch: list[tuple[int, ...]]) -> list[tuple[torch.Tensor, int, tuple[int, ...]]]:
+        """`_score_ids` for the other drafts (windowed layers): the prompt's pass, then steps over a growing cache."""
         limit = self.loaded.max_context
-        steps = min(self.look_ahead - 1, limit - min(len(ids) for ids in batch))
-        if self._fixed_buffers:
-            return self._score_ids_fixed_buffers(batch, steps)
         model, device = self.loaded.model, self.loaded.device
         input_ids, lengths, pad, attention_mask, position_ids = self._padded(batch)
         size, width = input_ids.shape
@@ -453,7 +463,7 @@ class DraftAttentionScorer:
         cache = {self._cache_arg: DynamicCache(config=model.config)}
         if self.layers is not None:
             collector.stop_after = self.layers - 1
-        with torch.inference_mode(), collector.active(), sdpa_context(self.execution.attention_backends, device):
+        with torch.inference_mode(), collector.active():
             collector.begin_step(0)
             try:
                 out = model(
@@ -533,23 +543,20 @@ class DraftAttentionScorer:
         collector = self._collector(pad, width, 1 + steps, padded=len({len(ids) for ids in batch}) > 1)
         # the caller, `score_batch`, holds `lock`: the buffers are this draft's alone meanwhile
         runner = self._runner_for(size, width, steps)
-        # The look-ahead steps too: a compiled step's attention kernel is chosen when it is traced and
-        # kept in its graph, so a step traced under vLLM's process-wide settings would keep theirs.
-        with sdpa_context(self.execution.attention_backends, self.loaded.device):
-            first = runner.prefill(input_ids, attention_mask, position_ids)
-            if not runner.written:
-                raise SpecPrefillError(
-                    f"{type(model).__name__} did not route its attention through transformers' "
-                    "AttentionInterface; it cannot be used as a draft"
-                )
-            if len(runner.written) != len(runner.keys):
-                raise SpecPrefillError(
-                    f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} "
-                    "layers; it cannot be used as a draft"
-                )
-            with torch.inference_mode():
-                tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
-                collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
+        first = runner.prefill(input_ids, attention_mask, position_ids)
+        if not runner.written:
+            raise SpecPrefillError(
+                f"{type(model).__name__} did not route its attention through transformers' "
+                "AttentionInterface; it cannot be used as a draft"
+            )
+        if len(runner.written) != len(runner.keys):
+            raise SpecPrefillError(
+                f"{type(model).__name__} ran attention in {len(runner.written)} of {len(runner.keys)} layers; "
+                "it cannot be used as a draft"
+            )
+        with torch.inference_mode():
+            tokens = runner.run(first, lengths, pad, width) if steps > 0 and first is not None else None
+            collector.observe_stacked(runner.query_stack, runner.key_stack, runner.scalings())
         if first is None:  # stopped after `layers` layers: no look-ahead (steps is 0)
             listed: list[list[int]] = [[] for _ in range(size)]
         elif tokens is None:
