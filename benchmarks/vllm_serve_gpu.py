@@ -1299,7 +1299,9 @@ def plot(results: dict[str, Any], path: Path) -> None:
         policy = f", policy {sweep['server_policy']}" if sweep.get("server_policy") else ""
         ax.set_title(f"{pair}\n{int(length):,}-token prompts, 128 out{policy}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    # every panel's entries, once: a panel may lack a server (its sweep not run)
+    entries = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    axes[0][-1].legend(list(entries.values()), list(entries), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
