@@ -280,6 +280,28 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_the_serving_plots_legend_names_every_server_when_the_last_panel_lacks_one(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    module = _script("vllm_serve_gpu")
+    row = {"rate": 0.5, "prompts": 12, "median_ttft_ms": 500, "p90_ttft_ms": 900, "within_slo": True}
+    lengths = {
+        "32768": {"slo_p90_ttft_ms": 2400, "vanilla": [row], "ours": [{**row, "rate": 1.5}]},
+        "16384": {"slo_p90_ttft_ms": 1000, "vanilla": [row]},  # our sweep of this length did not run
+    }
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)  # keep the figure to read its legend
+    module.plot({"stages": {"sweep_llama": {"target": "t", "lengths": lengths}}}, tmp_path / "sweep.png")
+    labels = {t.get_text() for t in closed[0].axes[-1].get_legend().get_texts()}
+    assert labels == {
+        "vllm serve p50",
+        "vllm serve p90",
+        "specprefill serve --engine vllm p50",
+        "specprefill serve --engine vllm p90",
+        "service level (p90)",
+    }
+
+
 def test_the_serving_probe_prints_the_median_of_each_stage_field_of_its_text_requests():
     module = _script("vllm_serve_gpu")
     # the first request warms up and is left out; a field missing from one request is not a median
