@@ -18,6 +18,8 @@ those two model steps for one such request, the way the server runs it, with the
   it and with torch set to one thread (the selection's arithmetic is numpy's, so torch's intra-op
   pool, whose wake-ups cost more than the ops on a busy machine, should make no difference), and
   the default ``auto`` policy's selector;
+- ``offsets``: a new prompt's first read of its token offsets, which `build_prompt` leaves to be
+  computed then (`DeferredOffsets`): ``auto``'s text chunks read them, ``paper``'s path does not;
 - ``compress``: the kept ids and positions (`CompressedPrompt.from_selection`);
 - ``compress_prompts``: the whole compress step around the scorer (scores given), as the pipeline
   calls it with its telemetry off;
@@ -43,7 +45,9 @@ import json
 import multiprocessing
 import os
 import platform
+import statistics
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -126,6 +130,22 @@ class _Instant:
         return [self.scores for _ in prompts]
 
 
+def offsets_ms(tokenize: Any, repeats: int) -> float:
+    """The median ms of a new prompt's first read of its offsets: what `auto`'s text chunks pay on top of
+    ``select_default_ms`` (0 where the tree computes them while tokenizing, inside ``tokenize_ms``)."""
+    runs = []
+    for _ in range(repeats):
+        prompt = tokenize()
+        t0 = time.perf_counter()
+        _ = prompt.offsets
+        runs.append((time.perf_counter() - t0) * 1000)
+    try:
+        from specprefill_sdk.types import DeferredOffsets  # noqa: F401  (a tree that defers them)
+    except ImportError:
+        return 0.0
+    return statistics.median(runs)
+
+
 def steps(name: str, tokens: int, repeats: int) -> dict[str, Any]:
     """The median ms of each host step for a ``tokens``-token text request with ``name``'s tokenizer."""
     import numpy as np
@@ -178,6 +198,7 @@ def steps(name: str, tokens: int, repeats: int) -> dict[str, Any]:
     finally:
         torch.set_num_threads(threads)
     row["select_default_ms"] = median_ms(lambda: default.select(prompt, scores), repeats, 1)
+    row["offsets_ms"] = offsets_ms(tokenize, repeats)
     row["compress_ms"] = median_ms(lambda: CompressedPrompt.from_selection(prompt, selection), repeats, 1)
     row["compress_prompts_ms"] = median_ms(lambda: compress_prompts([prompt], scorer, selector), repeats, 1)
     row["layout_ms"] = median_ms(lambda: encode_prompt(compressed), repeats, 1)
@@ -222,6 +243,7 @@ def markdown(result: dict[str, Any]) -> str:
         "select_ms": f"select ({result['policy']} selector)",
         "select_one_thread_ms": "select, torch on one thread (no intra-op pool)",
         "select_default_ms": f"select ({result['default_policy']} selector, the default policy)",
+        "offsets_ms": "a new prompt's first read of its offsets (auto's text chunks; in tokenize before)",
         "compress_ms": "kept ids and positions (from_selection)",
         "compress_prompts_ms": "compress_prompts around an instant scorer (select + compress + spans off)",
         "layout_ms": "vLLM prompt: kept ids, layout, cache salt (encode_prompt)",
@@ -229,6 +251,8 @@ def markdown(result: dict[str, Any]) -> str:
         "sum_ms": "sum of the steps on the path (without the windowed queue and compress_prompts)",
     }
     for key, label in names.items():
+        if key not in rows[0]:  # a result from before the step was timed
+            continue
         lines.append(f"| {label} | " + " | ".join(f"{r[key]:.2f}" for r in rows) + " |")
     lines += ["", "Kept tokens: " + ", ".join(f"{r['tokenizer']} {r['kept']:,}" for r in rows) + "."]
     pieces = ", ".join(f"{r['tokenizer']} {r.get('pieces', 1)}" for r in rows)

@@ -37,9 +37,10 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["encode", "piece_starts"]
+__all__ = ["encode", "encode_deferred", "piece_starts"]
 
 #: The shortest piece worth a thread: below it the piece's own overhead eats its share of the work.
 MIN_PIECE_CHARS = 2048
@@ -187,27 +188,41 @@ def piece_starts(backend: Any, text: str) -> list[int]:
     return starts
 
 
-def encode(backend: Any, text: str, add_special_tokens: bool) -> Tokens:
-    """The ids and offsets of ``backend.encode(text, add_special_tokens=...)``, in parallel pieces when exact.
+def encode_deferred(
+    backend: Any, text: str, add_special_tokens: bool
+) -> tuple[list[int], Callable[[], list[tuple[int, int]]]]:
+    """The ids of ``backend.encode(text, add_special_tokens=...)`` now, and a function for its offsets.
 
-    ``backend`` is a ``tokenizers.Tokenizer``; the module doc says when the pieces are taken.
+    The offsets (a tuple per token, shifted by each piece's start) cost more Python time than the ids
+    on a long text; the function computes them from the encodings when called. ``backend`` is a
+    ``tokenizers.Tokenizer``; the module doc says when the pieces are taken.
     """
     starts = piece_starts(backend, text)
     specials = _special_parts(backend) if add_special_tokens and len(starts) > 1 else None
     if len(starts) < 2 or (add_special_tokens and specials is None):
         enc = backend.encode(text, add_special_tokens=add_special_tokens)
-        return enc.ids, enc.offsets
+        return enc.ids, lambda: enc.offsets
     ends = [*starts[1:], len(text)]
     encodings = backend.encode_batch([text[a:b] for a, b in zip(starts, ends, strict=True)], add_special_tokens=False)
-    ids: list[int] = []
-    offsets: list[tuple[int, int]] = []
-    if specials is not None:
-        ids += specials[0][0]
-        offsets += specials[0][1]
-    for start, enc in zip(starts, encodings, strict=True):
+    head, tail = specials if specials is not None else (([], []), ([], []))
+    ids = list(head[0])
+    for enc in encodings:
         ids += enc.ids
-        offsets += enc.offsets if start == 0 else [(a + start, b + start) for a, b in enc.offsets]
-    if specials is not None:
-        ids += specials[1][0]
-        offsets += specials[1][1]
+    ids += tail[0]
+
+    def offsets() -> list[tuple[int, int]]:
+        out = list(head[1])
+        for start, enc in zip(starts, encodings, strict=True):
+            out += enc.offsets if start == 0 else [(a + start, b + start) for a, b in enc.offsets]
+        return out + tail[1]
+
     return ids, offsets
+
+
+def encode(backend: Any, text: str, add_special_tokens: bool) -> Tokens:
+    """The ids and offsets of ``backend.encode(text, add_special_tokens=...)``, in parallel pieces when exact.
+
+    ``backend`` is a ``tokenizers.Tokenizer``; the module doc says when the pieces are taken.
+    """
+    ids, offsets = encode_deferred(backend, text, add_special_tokens)
+    return ids, offsets()

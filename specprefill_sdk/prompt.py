@@ -18,15 +18,15 @@ Example::
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from . import _parallel_encode
 from .errors import InvalidRequestError
-from .types import TEMPLATE_ROLE, TEXT_ROLE, Message, Prompt
+from .types import TEMPLATE_ROLE, TEXT_ROLE, DeferredOffsets, Message, Offsets, Prompt
 
 __all__ = ["PromptInput", "ToolsInput", "build_prompt", "check_text", "normalize_messages"]
 
@@ -122,15 +122,23 @@ def _backend(tokenizer: Any) -> Any:
     return backend
 
 
-def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], list[tuple[int, int]]]:
+def _tokenize_deferred(
+    tokenizer: Any, text: str, add_special_tokens: bool
+) -> tuple[list[int], Callable[[], Sequence[tuple[int, int]]]]:
+    """The ids, and a function that computes the offsets (from the Rust encodings, on the fast path)."""
     backend = _backend(tokenizer)
     if backend is not None:
         # A long text in pieces on several cores where that is exact (`_parallel_encode`), else whole.
-        return _parallel_encode.encode(backend, text, add_special_tokens)
+        return _parallel_encode.encode_deferred(backend, text, add_special_tokens)
     enc = tokenizer(text, add_special_tokens=add_special_tokens, return_offsets_mapping=True)
     ids = [int(i) for i in enc["input_ids"]]
     offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
-    return ids, offsets
+    return ids, lambda: offsets
+
+
+def _tokenize(tokenizer: Any, text: str, add_special_tokens: bool) -> tuple[list[int], Sequence[tuple[int, int]]]:
+    ids, offsets = _tokenize_deferred(tokenizer, text, add_special_tokens)
+    return ids, offsets()
 
 
 def _special_mask(ids: Sequence[int], special_ids: set[int]) -> np.ndarray:
@@ -233,8 +241,14 @@ def _check_tool_parts(
 
 
 def _from_text(tokenizer: Any, text: str, protected_spans: Sequence[tuple[int, int]]) -> Prompt:
-    ids, offsets = _tokenize(tokenizer, text, add_special_tokens=True)
+    ids, compute = _tokenize_deferred(tokenizer, text, add_special_tokens=True)
     n = len(ids)
+    # Offsets on first read: many requests never read them (`DeferredOffsets`); protected spans do.
+    if protected_spans:
+        offsets = tuple(compute())
+        protected = _protect_spans(offsets, protected_spans)
+    else:
+        offsets, protected = cast("Offsets", DeferredOffsets(n, compute)), (False,) * n
     # A text prompt has few special tokens (a BOS): mark those, not test every token in Python.
     marked = np.flatnonzero(_special_mask(ids, _special_ids(tokenizer))).tolist()
     special, roles = [False] * n, [TEXT_ROLE] * n
@@ -245,9 +259,9 @@ def _from_text(tokenizer: Any, text: str, protected_spans: Sequence[tuple[int, i
         text=text,
         roles=tuple(roles),
         message_index=(0,) * n,
-        offsets=tuple(offsets),
+        offsets=offsets,
         special=tuple(special),
-        protected=_protect_spans(offsets, protected_spans),
+        protected=protected,
         generation_start=n,
         messages=None,
     )

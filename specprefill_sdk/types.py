@@ -9,9 +9,9 @@ from __future__ import annotations
 import array
 import json
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 import torch
@@ -177,6 +177,65 @@ class Message:
         return out
 
 
+Offsets = tuple[tuple[int, int], ...]
+
+
+class DeferredOffsets:
+    """Token offsets known by their count only, computed when `Prompt.offsets` is first read.
+
+    A long text's offsets are the costliest Python part of tokenizing it: one tuple per token, made
+    from the tokenizer's encodings and shifted by where each piece of the text starts. Many requests
+    never read them (a policy without text-aware selection, a draft that shares the target's
+    vocabulary), so `build_prompt` hands a text's offsets over in this form and a prompt computes them
+    on first read, once. ``compute`` must return exactly ``n`` offsets; pickling or copying the
+    prompt computes them.
+    """
+
+    __slots__ = ("_compute", "_n")
+
+    def __init__(self, n: int, compute: Callable[[], Sequence[tuple[int, int]]]) -> None:
+        self._n = n
+        self._compute = compute
+
+    def __len__(self) -> int:
+        return self._n
+
+    def resolve(self) -> Offsets:
+        """The offsets, as the tuple `Prompt.offsets` holds."""
+        offsets = tuple(self._compute())
+        if len(offsets) != self._n:
+            raise RuntimeError(f"deferred offsets computed {len(offsets)} spans for {self._n} tokens")
+        return offsets
+
+    def __reduce__(self) -> tuple[type[tuple[Any, ...]], tuple[Offsets]]:
+        # A copy or a pickle holds the tuple itself, not the tokenizer's encodings.
+        return tuple, (self.resolve(),)
+
+
+class _OffsetsField:
+    """`Prompt.offsets`: given as a tuple or as `DeferredOffsets`, read as the tuple, computed on first read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _OffsetsField: ...
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> Offsets: ...
+    def __get__(self, obj: object | None, owner: type | None = None) -> Offsets | _OffsetsField:
+        if obj is None:
+            # Read on the class, as `dataclass` does to look for a default: there is none.
+            raise AttributeError(self._name)
+        value = obj.__dict__[self._name]
+        if isinstance(value, DeferredOffsets):
+            value = value.resolve()
+            obj.__dict__[self._name] = value
+        return value
+
+    def __set__(self, obj: object, value: Sequence[tuple[int, int]] | DeferredOffsets) -> None:
+        obj.__dict__[self._name] = value if isinstance(value, DeferredOffsets | tuple) else tuple(value)
+
+
 @dataclass(frozen=True)
 class Prompt:
     """A tokenized prompt with per-token provenance.
@@ -187,13 +246,21 @@ class Prompt:
     (a special/added token of the tokenizer) and ``protected`` (the caller asked to keep it).
     ``generation_start`` is the index where the generation prompt (e.g. ``<|im_start|>assistant\\n``)
     begins; equal to ``n`` when there is none.
+
+    ``offsets`` reads as a tuple of ``(start, end)`` pairs; it may be given as `DeferredOffsets`, and
+    is then computed on first read.
     """
 
     token_ids: tuple[int, ...]
     text: str
     roles: tuple[str, ...]
     message_index: tuple[int, ...]
-    offsets: tuple[tuple[int, int], ...]
+    if TYPE_CHECKING:
+        # What readers get. `build_prompt` also passes `DeferredOffsets`, which the field's
+        # descriptor takes at run time.
+        offsets: Offsets
+    else:
+        offsets: _OffsetsField = _OffsetsField()
     special: tuple[bool, ...]
     protected: tuple[bool, ...]
     generation_start: int
@@ -202,8 +269,9 @@ class Prompt:
     def __post_init__(self) -> None:
         n = len(self.token_ids)
         for name in ("roles", "message_index", "offsets", "special", "protected"):
-            if len(getattr(self, name)) != n:
-                raise ValueError(f"Prompt.{name} has {len(getattr(self, name))} entries for {n} tokens")
+            # The stored value: its length, without computing deferred offsets.
+            if len(self.__dict__[name]) != n:
+                raise ValueError(f"Prompt.{name} has {len(self.__dict__[name])} entries for {n} tokens")
         if not 0 <= self.generation_start <= n:
             raise ValueError(f"generation_start {self.generation_start} outside [0, {n}]")
 
