@@ -285,7 +285,9 @@ class SpecPrefillUsage(BaseModel):
         "slot, in milliseconds.",
     )
     tokenize_ms: float | None = Field(
-        None, description="Tokenizing the prompt into its Prompt (chat template, offsets, roles), in milliseconds."
+        None,
+        description="Tokenizing the prompt into its Prompt (chat template, roles; a chat prompt's token offsets, "
+        "while a text prompt's are computed when a step first reads them), in milliseconds.",
     )
     queue_ms: float | None = Field(
         None, description="Waiting in the scoring queue before the draft began (part of score_ms); null: no queue."
