@@ -1273,6 +1273,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
               for length, row in s.get("lengths", {}).items() if row.get("vanilla")]  # fmt: skip
     if not panels:
+        plot_unloaded(results, path)  # a run without sweeps: what one request at a time spends
         return
     fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.5), squeeze=False)
     for ax, (key, length, row) in zip(axes[0], panels, strict=True):
@@ -1302,6 +1303,43 @@ def plot(results: dict[str, Any], path: Path) -> None:
     # every panel's entries, once: a panel may lack a server (its sweep not run)
     entries = {label: handle for ax in axes[0] for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
     axes[0][-1].legend(list(entries.values()), list(entries), fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120, bbox_inches="tight")
+    plt.close(fig)
+
+
+def plot_unloaded(results: dict[str, Any], path: Path) -> None:
+    """Each length's unloaded TTFT: vanilla's beside ours, ours cut into scoring, kept prefill and the rest."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
+              for length, row in s.get("lengths", {}).items()
+              if row.get("vanilla_unloaded") and row.get("ours_unloaded") and row.get("components")]  # fmt: skip
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4.5), squeeze=False)
+    for ax, (_, length, row) in zip(axes[0], panels, strict=True):
+        vanilla, ours = row["vanilla_unloaded"]["median_ttft_ms"], row["ours_unloaded"]["median_ttft_ms"]
+        score, prefill = row["components"]["score_ms"], row["components"]["prefill_ms"]
+        ax.bar(0, vanilla, color="tab:gray", label="vllm serve")
+        parts = (("draft scoring", score, "tab:blue"), ("kept prefill", prefill, "tab:cyan"),
+                 ("the rest: host, HTTP", max(ours - score - prefill, 0.0), "tab:orange"))  # fmt: skip
+        bottom = 0.0
+        for label, ms, color in parts:
+            ax.bar(1, ms, bottom=bottom, color=color, label=f"specprefill serve: {label}")
+            bottom += ms
+        ax.set_xticks([0, 1], ["vllm serve", "specprefill\nserve"])
+        share = row.get("share_of_ceiling")
+        note = f"{vanilla / ours:.2f}x" + (f", {share:.1%} of the {row['ceiling']:.2f}x ceiling" if share else "")
+        ax.set_title(f"{int(length):,}-token prompts\n{note}", fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    axes[0][0].set_ylabel("median TTFT, one request at a time (ms)")
+    sweep = results["stages"][panels[0][0]]
+    fig.suptitle(f"{sweep.get('target', panels[0][0]).split(',')[0]}, unloaded", fontsize=10)
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)

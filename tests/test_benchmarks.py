@@ -497,6 +497,31 @@ def test_the_serving_probes_read_the_stage_times_of_a_real_server(tmp_path):
     assert result["prompt_tokens"] == 1200 and 1100 <= result["text"]["prompt_tokens"] <= 1250
 
 
+def test_a_serving_run_without_sweeps_plots_each_lengths_unloaded_ttft_in_its_parts(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    module = _script("vllm_serve_gpu")
+    row = {
+        "vanilla": [],
+        "ours": [],
+        "vanilla_unloaded": {"median_ttft_ms": 1300.0},
+        "ours_unloaded": {"median_ttft_ms": 400.0},
+        "components": {"score_ms": 290.0, "prefill_ms": 80.0},
+        "ceiling": 1300.0 / 370.0,
+        "share_of_ceiling": (1300.0 / 400.0) / (1300.0 / 370.0),
+    }
+    lengths = {"32768": row, "8192": {"vanilla_unloaded": {"median_ttft_ms": 240.0}}}  # ours did not run at 8K
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    module.plot({"stages": {"sweep_llama": {"target": "t, random", "lengths": lengths}}}, tmp_path / "u.png")
+    (ax,) = closed[0].axes  # one panel: the length without our run has none
+    heights = [(round(p.get_x() + p.get_width() / 2), p.get_y(), p.get_height()) for p in ax.patches]
+    # vanilla's bar, then ours stacked: scoring, kept prefill, and what is left of its TTFT
+    assert heights == [(0, 0.0, 1300.0), (1, 0.0, 290.0), (1, 290.0, 80.0), (1, 370.0, 30.0)]
+    assert ax.get_title() == "32,768-token prompts\n3.25x, 92.5% of the 3.51x ceiling"
+    assert (tmp_path / "u.png").stat().st_size > 0
+
+
 def test_the_serving_probes_of_two_lengths_share_no_prefix():
     """A shorter probe that began a longer one would be served from vLLM's prefix cache."""
     module = _script("vllm_serve_gpu")
