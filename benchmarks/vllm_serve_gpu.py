@@ -1263,6 +1263,12 @@ def render(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _length_rows(results: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every (stage, length, row) of the sweep stages, in the results' order."""
+    return [(key, length, row) for key, stage in results["stages"].items() if key.startswith("sweep_")
+            for length, row in stage.get("lengths", {}).items()]  # fmt: skip
+
+
 def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -1270,8 +1276,7 @@ def plot(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import ScalarFormatter
 
-    panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
-              for length, row in s.get("lengths", {}).items() if row.get("vanilla")]  # fmt: skip
+    panels = [(k, length, row) for k, length, row in _length_rows(results) if row.get("vanilla")]
     if not panels:
         plot_unloaded(results, path)  # a run without sweeps: what one request at a time spends
         return
@@ -1315,8 +1320,7 @@ def plot_unloaded(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [(k, length, row) for k, s in results["stages"].items() if k.startswith("sweep_")
-              for length, row in s.get("lengths", {}).items()
+    panels = [(k, length, row) for k, length, row in _length_rows(results)
               if row.get("vanilla_unloaded") and row.get("ours_unloaded") and row.get("components")]  # fmt: skip
     if not panels:
         return

@@ -1,4 +1,8 @@
-"""The documentation's own links: every relative link names a file of the tree, every ``#anchor`` a heading."""
+"""The documentation's own links: every relative link names a file of the tree, every ``#anchor`` a heading.
+
+The pages are read on GitHub and on the docs site (`mkdocs.yml`), whose anchors differ where a heading
+has a run of separators (``--``, `` / ``): a link must name a heading both give the same anchor.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -14,26 +19,33 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 
 
-def slug(heading: str) -> str:
-    """GitHub's anchor of a heading: lower case, punctuation dropped, each space a hyphen."""
+def github_slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, each space a hyphen (runs kept)."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def site_slug(heading: str) -> str:
+    """The docs site's anchor: python-markdown's ``toc`` extension, as `mkdocs.yml` configures it."""
+    return slugify(heading.replace("`", ""), "-")
+
+
 def anchors(page: Path) -> set[str]:
-    text = FENCE.sub("", page.read_text())
-    seen: dict[str, int] = {}
-    out = set()
-    for heading in re.findall(r"^#{1,6} (.+)$", text, re.M):
-        base = slug(heading)
-        n = seen.get(base, 0)
-        seen[base] = n + 1
-        out.add(base if n == 0 else f"{base}-{n}")  # a repeated heading gets -1, -2, ...
-    return out
+    """The anchors that both GitHub and the docs site give ``page``'s headings (a repeated heading: neither)."""
+    headings = re.findall(r"^#{1,6} (.+)$", FENCE.sub("", page.read_text()), re.M)
+    both = {h: github_slug(h) for h in headings if github_slug(h) == site_slug(h)}
+    unique = [h for h in both if headings.count(h) == 1]  # the two number repeats differently (-1, _1)
+    return {both[h] for h in unique}
 
 
-def test_the_slug_rule_on_headings_of_these_pages():
-    assert slug("Serving: `specprefill serve --engine vllm`") == "serving-specprefill-serve---engine-vllm"
-    assert slug("A second run: Qwen2.5-32B / 0.5B") == "a-second-run-qwen25-32b--05b"
+def test_the_two_slug_rules_differ_on_runs_of_separators_only():
+    heading = "Serving: `specprefill serve --engine vllm`"
+    assert github_slug(heading) == "serving-specprefill-serve---engine-vllm"
+    assert site_slug(heading) == "serving-specprefill-serve-engine-vllm"
+    assert (
+        github_slug("A run: Qwen2.5-32B's draft")
+        == site_slug("A run: Qwen2.5-32B's draft")
+        == "a-run-qwen25-32bs-draft"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -47,5 +59,5 @@ def test_every_relative_link_names_a_file_and_a_heading_of_it(page: Path):
         if not file.exists():
             broken.append(f"{target}: no such file")
         elif anchor and file.suffix == ".md" and anchor not in anchors(file):
-            broken.append(f"{target}: no such heading")
+            broken.append(f"{target}: no heading with this anchor on both GitHub and the site")
     assert not broken, broken
