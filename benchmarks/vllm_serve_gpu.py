@@ -648,13 +648,20 @@ def _stream_usage(base: str, body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _text_of(tok: Any, ids: list[int], length: int) -> str:
-    """Text of random ids that the tokenizer reads back as at most ``length`` tokens (as a load generator sends)."""
-    text = tok.decode(ids)
+    """Text of random ids that the server reads back as ``length`` tokens, special tokens counted, where the
+    re-encoding allows (at most ``length``), as ``vllm bench serve``'s random dataset sends.
+
+    The length matters beyond the token count: the draft's prompt attention pads to a bucket
+    (``attention_bucket``), and the ids probe's and the load generator's prompts fill theirs exactly.
+    """
+    specials = len(tok.encode("probe text")) - len(tok.encode("probe text", add_special_tokens=False))
+    room = length - specials
+    text = tok.decode(ids[:room])
     for _ in range(4):  # decoding and encoding again may merge or split tokens: cut until it fits
         again = tok.encode(text, add_special_tokens=False)
-        if len(again) <= length - 1:
+        if len(again) <= room:
             break
-        text = tok.decode(again[: length - 1])
+        text = tok.decode(again[:room])
     return text
 
 

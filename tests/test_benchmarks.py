@@ -494,7 +494,17 @@ def test_the_serving_probes_read_the_stage_times_of_a_real_server(tmp_path):
         assert 0 < row["kept_tokens"] < row["prompt_tokens"] and row["client_ttft_ms"] > 0
         assert all(row[k] > 0 for k in ("score_ms", "prefill_ms", "server_ms", "ttft_ms"))
     # the ids go through as sent; the text is the tokenizer's reading of their decoded text
-    assert result["prompt_tokens"] == 1200 and 1100 <= result["text"]["prompt_tokens"] <= 1250
+    assert result["prompt_tokens"] == 1200 and result["text"]["prompt_tokens"] == 1200
+
+
+def test_the_serving_probes_text_is_as_long_as_the_ids_as_the_server_counts_it():
+    """The text probe's prompt fills the same attention bucket as the ids probe's: ``length`` tokens, not one fewer."""
+    module = _script("vllm_serve_gpu")
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_path("smollm2-135m", progress=False)))
+    for length in (1200, 4096):
+        for seed in range(3):
+            text = module._text_of(tok, module.random_ids(length, seed=seed), length)
+            assert len(tok.encode(text)) == length, (length, seed)
 
 
 def test_a_serving_run_without_sweeps_plots_each_lengths_unloaded_ttft_in_its_parts(tmp_path, monkeypatch):
