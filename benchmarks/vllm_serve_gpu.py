@@ -737,6 +737,37 @@ def _probe_bodies(
     ]
 
 
+#: A sweep ends once its highest rate within the service level and its lowest rate over it are this close (ratio).
+BRACKET = 1.15
+#: The most rates one sweep runs.
+MAX_RATES = 9
+
+
+def next_rate(rows: list[dict[str, Any]], slo_ms: float) -> float | None:
+    """The sweep's next Poisson rate after ``rows`` (with ``rate``, ``p90_ttft_ms``, ``within_slo``), or None: done.
+
+    Until a rate misses the service level, rates rise (x1.5 while the last p90 is under 0.6 of the level,
+    else x1.25). After that the maximum lies between the highest rate met below the lowest rate missed
+    and that rate: the next rate halves the bracket geometrically until its two ends are `BRACKET` apart.
+    While no rate below the lowest one missed has met the level, the next is that rate / 1.5; a sweep
+    whose first two rates missed, or whose first missed it three-fold, stops there (the server cannot
+    sustain its starting rate; the capacity bounds it for the ratio).
+    """
+    missed = [float(r["rate"]) for r in rows if not r["within_slo"]]
+    if not missed:
+        last = rows[-1]
+        return float(last["rate"]) * (1.5 if (last.get("p90_ttft_ms") or 0) < 0.6 * slo_ms else 1.25)
+    low_miss = min(missed)
+    met = [float(r["rate"]) for r in rows if r["within_slo"] and float(r["rate"]) < low_miss]
+    if met:
+        high_met = max(met)
+        return math.sqrt(high_met * low_miss) if low_miss / high_met > BRACKET else None
+    first = rows[0]
+    if len(rows) >= 2 or (first.get("p90_ttft_ms") or 0) > 3 * slo_ms:
+        return None
+    return low_miss / 1.5
+
+
 def sweep_server(
     server: Server,
     tokenizer: Path,
@@ -749,23 +780,17 @@ def sweep_server(
     budget_s: float,
     target_s: float = TARGET_S,
 ) -> list[dict[str, Any]]:
-    """Rising Poisson rates until p90 TTFT passes the service level twice, or the budget ends (after the first rate)."""
+    """Poisson rates chosen by `next_rate` until it is done, `MAX_RATES` ran, or the budget ends (after the first)."""
     rows: list[dict[str, Any]] = []
-    rate, over = start_rate, 0
+    rate: float | None = start_rate
     t_end = time.monotonic() + budget_s
-    while not rows or (time.monotonic() < t_end and len(rows) < 9):
+    while rate is not None and (not rows or (time.monotonic() < t_end and len(rows) < MAX_RATES)):
         prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
         row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
         row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
                                  and not row.get("failed"))  # fmt: skip
         rows.append(row)
-        if not row["within_slo"]:
-            over += 1
-            if over >= 2 or (row.get("p90_ttft_ms") or 0) > 3 * slo_ms:
-                break
-            rate *= 1.25
-        else:
-            rate *= 1.5 if (row.get("p90_ttft_ms") or 0) < 0.6 * slo_ms else 1.25
+        rate = next_rate(rows, slo_ms)
     return rows
 
 
@@ -898,9 +923,10 @@ def stage_sweep(
         "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
         "--random-range-ratio 0, Poisson arrivals, a new dataset seed per run (no prompt is sent twice)",
         "sweep_rule": f"rates from {START_SHARE['vanilla']:g} (vanilla) and {START_SHARE['ours']:g} (ours) x the "
-        "server's unloaded capacity, x1.5 while p90 TTFT < 0.6 x SLO, else "
-        f"x1.25, until two rates miss the SLO (or one misses it three-fold); about {TARGET_S:g} s of arrivals per "
-        f"rate, at least {MIN_PROMPTS} prompts; {UNLOADED_PROMPTS} prompts one at a time for the unloaded TTFT",
+        "server's unloaded capacity, x1.5 while p90 TTFT < 0.6 x SLO, else x1.25, until a rate misses the SLO; then "
+        "halving (geometrically) the bracket between the highest rate met and the lowest missed until its ends are "
+        f"{BRACKET:g}x apart, or {MAX_RATES} rates ran, or the sweep's time ended; about {TARGET_S:g} s of arrivals "
+        f"per rate, at least {MIN_PROMPTS} prompts; {UNLOADED_PROMPTS} prompts one at a time for the unloaded TTFT",
         "lengths": {},
         "swept_lengths": swept,
     }

@@ -280,6 +280,43 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_the_serving_sweep_brackets_each_maximum_until_its_ends_are_close():
+    module = _script("vllm_serve_gpu")
+    slo = 2000.0
+
+    def sweep(start: float, maximum: float) -> list[dict[str, Any]]:
+        """A server whose p90 meets the level up to ``maximum`` req/s, swept as `sweep_server` does."""
+        rows: list[dict[str, Any]] = []
+        rate: float | None = start
+        while rate is not None and len(rows) < module.MAX_RATES:
+            p90 = 1500 * rate / maximum  # 0.6 x the level at 0.8 of the maximum
+            rows.append({"rate": rate, "p90_ttft_ms": p90, "within_slo": p90 <= slo})
+            rate = module.next_rate(rows, slo)
+        return rows
+
+    rows = sweep(0.3, 1.23)
+    rates = [r["rate"] for r in rows]
+    assert rates[:3] == pytest.approx([0.3, 0.45, 0.675])  # rising x1.5 while far under the level
+    high = module.max_rate_within(rows)
+    low = min(r["rate"] for r in rows if not r["within_slo"])
+    assert high <= 1.23 * 4 / 3 < low and low / high <= module.BRACKET  # its maximum, bracketed closely
+    assert len(rows) < module.MAX_RATES
+    # a first rate missed: down by 1.5, then bracketed from there
+    rows = sweep(2.0, 1.23)
+    assert [r["within_slo"] for r in rows[:2]] == [False, True] and rows[1]["rate"] == pytest.approx(2.0 / 1.5)
+    # two rates missed without one met, or the first missed three-fold: the sweep stops
+    assert module.next_rate([{"rate": 2.0, "p90_ttft_ms": 2500, "within_slo": False},
+                             {"rate": 1.33, "p90_ttft_ms": 2100, "within_slo": False}], slo) is None  # fmt: skip
+    assert module.next_rate([{"rate": 2.0, "p90_ttft_ms": 6500, "within_slo": False}], slo) is None
+    # a rate met above one missed (noise) does not narrow the bracket
+    noisy = [
+        {"rate": 1.0, "p90_ttft_ms": 1500, "within_slo": True},
+        {"rate": 1.5, "p90_ttft_ms": 2100, "within_slo": False},
+        {"rate": 1.8, "p90_ttft_ms": 1900, "within_slo": True},
+    ]
+    assert module.next_rate(noisy, slo) == pytest.approx((1.0 * 1.5) ** 0.5)
+
+
 def test_the_serving_plots_legend_names_every_server_when_the_last_panel_lacks_one(tmp_path, monkeypatch):
     import matplotlib.pyplot as plt
 
