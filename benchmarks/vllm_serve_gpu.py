@@ -42,6 +42,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -768,6 +769,23 @@ def next_rate(rows: list[dict[str, Any]], slo_ms: float) -> float | None:
     return low_miss / 1.5
 
 
+def sweep_rates(
+    measure: Callable[[float], dict[str, Any]], start_rate: float, slo_ms: float, budget_s: float
+) -> list[dict[str, Any]]:
+    """``measure(rate)`` at the rates `next_rate` chooses, until it is done, `MAX_RATES` ran, or the budget ends
+    (after the first); each row gets ``within_slo``."""
+    rows: list[dict[str, Any]] = []
+    rate: float | None = start_rate
+    t_end = time.monotonic() + budget_s
+    while rate is not None and (not rows or (time.monotonic() < t_end and len(rows) < MAX_RATES)):
+        row = measure(rate)
+        row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
+                                 and not row.get("failed"))  # fmt: skip
+        rows.append(row)
+        rate = next_rate(rows, slo_ms)
+    return rows
+
+
 def sweep_server(
     server: Server,
     tokenizer: Path,
@@ -780,18 +798,13 @@ def sweep_server(
     budget_s: float,
     target_s: float = TARGET_S,
 ) -> list[dict[str, Any]]:
-    """Poisson rates chosen by `next_rate` until it is done, `MAX_RATES` ran, or the budget ends (after the first)."""
-    rows: list[dict[str, Any]] = []
-    rate: float | None = start_rate
-    t_end = time.monotonic() + budget_s
-    while rate is not None and (not rows or (time.monotonic() < t_end and len(rows) < MAX_RATES)):
+    """`sweep_rates` with `vllm bench serve` against ``server``: about ``target_s`` of arrivals a rate."""
+
+    def measure(rate: float) -> dict[str, Any]:
         prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
-        row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
-        row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= slo_ms
-                                 and not row.get("failed"))  # fmt: skip
-        rows.append(row)
-        rate = next_rate(rows, slo_ms)
-    return rows
+        return bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
+
+    return sweep_rates(measure, start_rate, slo_ms, budget_s)
 
 
 #: The longest `wait_for` waits for its file (seconds).

@@ -285,14 +285,9 @@ def test_the_serving_sweep_brackets_each_maximum_until_its_ends_are_close():
     slo = 2000.0
 
     def sweep(start: float, maximum: float) -> list[dict[str, Any]]:
-        """A server whose p90 meets the level up to ``maximum`` req/s, swept as `sweep_server` does."""
-        rows: list[dict[str, Any]] = []
-        rate: float | None = start
-        while rate is not None and len(rows) < module.MAX_RATES:
-            p90 = 1500 * rate / maximum  # 0.6 x the level at 0.8 of the maximum
-            rows.append({"rate": rate, "p90_ttft_ms": p90, "within_slo": p90 <= slo})
-            rate = module.next_rate(rows, slo)
-        return rows
+        """A server whose p90 meets the level up to ``maximum`` req/s, swept as `sweep_server` sweeps."""
+        # 0.6 x the level at 0.8 of the maximum
+        return module.sweep_rates(lambda rate: {"rate": rate, "p90_ttft_ms": 1500 * rate / maximum}, start, slo, 1e9)
 
     rows = sweep(0.3, 1.23)
     rates = [r["rate"] for r in rows]

@@ -32,8 +32,8 @@ def render(result: dict) -> str:
     """The run as markdown: its notes, then one row per rate."""
     title = TITLES[result.get("pair", "qwen")]
     length = result.get("length", 8192)
-    gpu = result.get("gpu", "one H200")
-    lines = [f"# Our server alone at {length // 1024}K ({title} architectures, random weights, {gpu})", ""]
+    gpu = result.get("gpu", "NVIDIA H200")  # runs before the field was recorded were all on H200s
+    lines = [f"# Our server alone at {length // 1024}K ({title} architectures, random weights, one {gpu})", ""]
     lines += [f"Command: `{result['command']}`", ""]
     for note in result.get("notes", []):
         lines += [f"> {note}", ""]
@@ -82,6 +82,7 @@ result: dict = {
     "command": " ".join(["python3", *sys.argv]),
     "pair": args.pair,
     "length": LENGTH,
+    "gpu": m.gpu_name(),
     "engine_options": [*m.ENGINE, "--max-model-len", str(MAX_LEN), *extra],
     "policy": m._policy_label(),
     "slo_p90_ttft_ms": SLO_MS,
