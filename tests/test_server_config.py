@@ -179,12 +179,13 @@ def test_serve_passes_vllm_options_through_under_their_vllm_names() -> None:
         "--engine", "vllm", "--max-model-len", "32768", "--gpu-memory-utilization", "0.8", "--enforce-eager",
         "--no-enable-prefix-caching", "--tensor-parallel-size", "2", "--max-num-seqs", "64",
         "--engine-arg", "swap_space=8", "--engine-arg", "hf_overrides={\"rope_theta\": 1e6}",
-        "--engine-arg", "kv_cache_dtype=fp8", "--seed", "3",
+        "--engine-arg", "kv_cache_dtype=fp8", "--seed", "3", "--engine-core", "subprocess",
     )  # fmt: skip
     config = config_from_args(args, environ={})
     assert config.engine_options == {
         "enable_prefix_caching": False,
         "enforce_eager": True,
+        "engine_core": "subprocess",
         "gpu_memory_utilization": 0.8,
         "hf_overrides": {"rope_theta": 1e6},
         "kv_cache_dtype": "fp8",
@@ -195,6 +196,12 @@ def test_serve_passes_vllm_options_through_under_their_vllm_names() -> None:
         "tensor_parallel_size": 2,
     }
     assert config.max_concurrency == 64
+
+
+def test_serve_refuses_an_unknown_engine_core_before_starting_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _parse("--engine", "vllm", "--engine-core", "thread")
+    assert "must be one of auto, in-process, subprocess, got thread" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

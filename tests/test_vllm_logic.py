@@ -10,6 +10,9 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
+import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +28,7 @@ from specprefill_sdk.backends.vllm.layout import (
     has_layout,
     vllm_completion_body,
 )
-from specprefill_sdk.backends.vllm.parallel import plan_devices, rank_device
+from specprefill_sdk.backends.vllm.parallel import engine_in_process, plan_devices, rank_device
 from specprefill_sdk.backends.vllm.plugin import (
     EXPLICIT_ARCHITECTURES,
     PLUGIN_SETTING,
@@ -38,7 +41,7 @@ from specprefill_sdk.backends.vllm.plugin import (
     supported_architecture,
 )
 from specprefill_sdk.backends.vllm.positions import PositionTable, reference_rope_positions
-from specprefill_sdk.errors import BackendUnavailableError, InvalidRequestError
+from specprefill_sdk.errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError
 from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams, Selection
 
 # ---------------------------------------------------------------------------------------------- layouts
@@ -542,45 +545,173 @@ def test_layout_validator_rejects_malformed_layouts_at_admission():
     assert proc.apply(logits, None) is logits
 
 
-def test_a_cancelled_request_stops_its_non_streaming_generation_and_is_aborted_in_the_engine() -> None:
+class _Engine:
+    """vLLM's ``LLMEngine`` as `_EngineDriver` drives it: each step adds one token to every unfinished request.
+
+    ``on_token(rid, count)`` runs inside ``step``; ``fail_at`` makes the step that would reach it raise.
+    """
+
+    def __init__(self, length: int = 50, on_token: Any = None, fail_at: int | None = None) -> None:
+        from types import SimpleNamespace
+
+        self.namespace = SimpleNamespace
+        self.length, self.on_token, self.fail_at = length, on_token, fail_at
+        self.tokens: dict[str, list[int]] = {}
+        self.aborted: list[str] = []
+        self.step_threads: set[int] = set()
+        self.steps = 0
+
+    def add_request(self, rid: str, prompt: dict, params: object) -> None:
+        if len(prompt.get("prompt_token_ids", ())) > 8:
+            raise ValueError("the prompt is too long: 9 > max_model_len 8")
+        self.tokens[rid] = []
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.tokens)
+
+    def step(self) -> list[Any]:
+        self.step_threads.add(threading.get_ident())
+        self.steps += 1
+        outs = []
+        for rid, tokens in list(self.tokens.items()):
+            if self.fail_at is not None and len(tokens) + 1 == self.fail_at:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            tokens.append(len(tokens))
+            if self.on_token is not None:
+                self.on_token(rid, len(tokens))
+            finished = len(tokens) >= self.length
+            out = self.namespace(token_ids=list(tokens), text="", logprobs=None, finish_reason=None)
+            outs.append(self.namespace(request_id=rid, outputs=[out], finished=finished))
+            if finished:
+                del self.tokens[rid]
+        return outs
+
+    def abort_request(self, rids: list[str]) -> None:
+        self.aborted += rids
+        for rid in rids:
+            self.tokens.pop(rid, None)
+
+
+@pytest.mark.parametrize("own_thread", [False, True], ids=["callers-step", "driver-thread-steps"])
+def test_a_cancelled_request_stops_its_non_streaming_generation_and_is_aborted_in_the_engine(own_thread: bool) -> None:
     import contextvars
-    import threading
-    from types import SimpleNamespace
 
     from specprefill_sdk._cancel import REQUEST_CANCEL, GenerationStopped
     from specprefill_sdk.backends.vllm.backend import VLLMBackend, _EngineDriver
     from specprefill_sdk.types import CompressedPrompt, SamplingParams
 
     cancel = threading.Event()
-
-    class Engine:
-        """vLLM's engine as `_EngineDriver` drives it: one more token per step, for one request."""
-
-        def __init__(self) -> None:
-            self.rid, self.tokens, self.aborted = "", [], []
-
-        def add_request(self, rid: str, prompt: dict, params: object) -> None:
-            self.rid = rid
-
-        def step(self) -> list[SimpleNamespace]:
-            self.tokens.append(len(self.tokens))
-            if len(self.tokens) == 3:
-                cancel.set()  # the client leaves while the third token is made
-            out = SimpleNamespace(token_ids=list(self.tokens), text="", logprobs=None, finish_reason=None)
-            return [SimpleNamespace(request_id=self.rid, outputs=[out], finished=len(self.tokens) >= 50)]
-
-        def abort_request(self, rids: list[str]) -> None:
-            self.aborted += rids
-
-    engine = Engine()
+    # the client leaves while the third token is made
+    engine = _Engine(on_token=lambda rid, count: cancel.set() if count == 3 else None)
     backend = VLLMBackend.__new__(VLLMBackend)
     backend.llm = object()
-    backend._driver = _EngineDriver(engine)
+    backend._driver = _EngineDriver(engine, own_thread=own_thread)
     backend.request = lambda prompt, params: ({}, None)  # type: ignore[method-assign]
     prompt = CompressedPrompt(token_ids=(1, 2, 3), position_ids=(0, 5, 9), n=10)
     ctx = contextvars.copy_context()
     ctx.run(REQUEST_CANCEL.set, cancel)
-    with pytest.raises(GenerationStopped) as stopped:
-        ctx.run(backend.generate, prompt, SamplingParams(max_tokens=50))
-    assert stopped.value.generated == 3 and len(engine.tokens) == 3
-    assert engine.aborted == [engine.rid] and backend._driver.queues == {}
+    try:
+        with pytest.raises(GenerationStopped) as stopped:
+            ctx.run(backend.generate, prompt, SamplingParams(max_tokens=50))
+        _wait_for(lambda: len(engine.aborted) == 1)
+        assert backend._driver.queues == {} and engine.tokens == {}
+        if own_thread:  # the engine ran ahead of the caller, which stops at the first output it reads after
+            assert 1 <= stopped.value.generated <= 3 < 50
+        else:  # the caller stepped, and stopped at once
+            assert stopped.value.generated == 3 and engine.steps == 3
+    finally:
+        backend._driver.close()
+
+
+def _wait_for(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
+def test_the_driver_thread_alone_steps_an_in_process_engine_for_every_caller() -> None:
+    """Requests from eight threads all get their whole output, and every step ran on one thread, not theirs."""
+    from specprefill_sdk.backends.vllm.backend import _EngineDriver
+
+    engine = _Engine(length=20)
+    driver = _EngineDriver(engine, own_thread=True)
+    results: dict[int, list[int]] = {}
+
+    def call(i: int) -> None:
+        rid = driver.submit({"prompt_token_ids": [i]}, None)
+        while True:
+            out = driver.next(rid)
+            if out.finished:
+                results[i] = out.outputs[0].token_ids
+                driver.done(rid)
+                return
+
+    callers = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join(30)
+    driver.close()
+    assert results == {i: list(range(20)) for i in range(8)}
+    assert len(engine.step_threads) == 1
+    assert engine.step_threads.isdisjoint({t.ident for t in callers} | {threading.get_ident()})
+    assert driver.queues == {} and engine.tokens == {}
+
+
+def test_the_driver_thread_reports_refusals_and_engine_failures_to_the_callers() -> None:
+    from specprefill_sdk.backends.vllm.backend import _EngineDriver
+
+    engine = _Engine(length=20, fail_at=5)
+    driver = _EngineDriver(engine, own_thread=True)
+    with pytest.raises(ContextTooLongError, match="too long"):
+        driver.submit({"prompt_token_ids": list(range(9))}, None)
+    assert driver.queues == {}
+    rid = driver.submit({"prompt_token_ids": [1]}, None)
+    seen = []
+    with pytest.raises(BackendUnavailableError, match="the vLLM engine failed: CUDA error"):
+        while True:
+            seen.append(len(driver.next(rid).outputs[0].token_ids))
+    assert seen == [1, 2, 3, 4]
+    with pytest.raises(BackendUnavailableError, match="not running: CUDA error"):
+        driver.submit({"prompt_token_ids": [1]}, None)
+    driver.close()
+
+
+def test_closing_the_driver_stops_its_thread_and_releases_waiting_callers() -> None:
+    from specprefill_sdk.backends.vllm.backend import _EngineDriver
+
+    started = threading.Event()
+    release = threading.Event()
+
+    def slow(rid: str, count: int) -> None:  # the first step blocks until the test lets it go
+        started.set()
+        release.wait(10)
+
+    engine = _Engine(length=1000, on_token=slow)
+    driver = _EngineDriver(engine, own_thread=True)
+    rid = driver.submit({"prompt_token_ids": [1]}, None)
+    assert started.wait(10)
+    closer = threading.Thread(target=driver.close)
+    closer.start()
+    release.set()
+    closer.join(10)
+    assert not closer.is_alive() and driver._thread is not None and not driver._thread.is_alive()
+    with pytest.raises(BackendUnavailableError, match="closed"):
+        while True:
+            driver.next(rid)
+    with pytest.raises(BackendUnavailableError, match="not running"):
+        driver.submit({"prompt_token_ids": [1]}, None)
+
+
+def test_the_engine_core_runs_beside_the_draft_only_where_they_share_one_rank_gpu() -> None:
+    one = plan_devices(1, num_gpus=1, gpu_memory_gib=80, draft_memory_gib=8)
+    spare = plan_devices(1, num_gpus=2)
+    two = plan_devices(2, num_gpus=2, gpu_memory_gib=80, draft_memory_gib=8)
+    cpu = plan_devices(1, num_gpus=1, draft_device="cpu")
+    assert [engine_in_process("auto", p) for p in (one, spare, two, cpu)] == [True, False, False, False]
+    assert engine_in_process("in-process", spare) and not engine_in_process("subprocess", one)
+    with pytest.raises(InvalidRequestError, match="starts a process per rank"):
+        engine_in_process("in-process", two)
+    with pytest.raises(InvalidRequestError, match="must be one of auto, in-process, subprocess"):
+        engine_in_process("inline", one)

@@ -271,6 +271,15 @@ def _fraction(text: str) -> float:
     return value
 
 
+def _engine_core(text: str) -> str:
+    # `VLLMBackend`'s choices, checked here so that a typo fails before vLLM starts.
+    from ..backends.vllm.parallel import ENGINE_CORES
+
+    if text not in ENGINE_CORES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(ENGINE_CORES)}, got {text}")
+    return text
+
+
 #: The vLLM engine options ``serve`` names, as ``vllm serve`` spells them: (flag, type, help).
 VLLM_OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("--tensor-parallel-size", positive_int, "GPUs the target is split over (vLLM's; default 1)"),
@@ -288,6 +297,12 @@ VLLM_OPTIONS: tuple[tuple[str, Any, str], ...] = (
     ("--seed", non_negative_int, "vLLM's random seed, for sampled requests without their own seed (default 0)"),
     ("--draft-device", str, "where the draft scores: auto (a spare GPU, else beside rank 0), cuda:N (default: auto)"),
     ("--draft-memory-gib", positive_number, "GPU memory left to the draft beside rank 0 (default: 8)"),
+    (
+        "--engine-core",
+        _engine_core,
+        "where vLLM's scheduler and model runner run: auto (this process, beside the draft, with one rank "
+        "sharing the draft's GPU; else vLLM's own process), in-process or subprocess (default: auto)",
+    ),
 )
 
 

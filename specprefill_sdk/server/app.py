@@ -238,6 +238,7 @@ def create_app(
             warmup=None if engine.warmed_up is None else WarmUpReport(**dataclasses.asdict(engine.warmed_up)),
             load_warmup_seconds=_load_warmup_seconds(engine.backend, engine._base_scorer),
             scoring=scoring,
+            engine_core=_engine_core(engine.backend),
         )
 
     _add_metrics_route(app, engine, keyed=bool(keys))
@@ -298,6 +299,14 @@ def default_warmup_tokens(backend: Backend, scorer: Scorer | None, compile: bool
     parts = (backend, scorer)
     compiles = compile is True or any(isinstance(p, Executed) and p.execution.compiles(backend.device) for p in parts)
     return DEFAULT_WARMUP_TOKENS if compiles else 0
+
+
+def _engine_core(backend: Backend) -> Literal["in-process", "subprocess"] | None:
+    """Where a vLLM backend's engine core runs (None: another backend)."""
+    in_process = getattr(backend, "engine_in_process", None)
+    if in_process is None:
+        return None
+    return "in-process" if in_process else "subprocess"
 
 
 def _load_warmup_seconds(*parts: object) -> float | None:

@@ -149,9 +149,9 @@ class ServerConfig:
             engine, continuous batching; the draft on the GPU in this process; see docs/vllm.md).
         engine_args: vLLM engine options (`vllm.EngineArgs` names: ``max_model_len``,
             ``gpu_memory_utilization``, ``tensor_parallel_size``, ``max_num_seqs``, ``enforce_eager``,
-            ``load_format``, ...), passed through to vLLM, plus `VLLMBackend`'s own ``draft_device`` and
-            ``draft_memory_gib``; only with ``engine="vllm"``. Stored as sorted ``(name, value)`` pairs;
-            `engine_options` gives them as a dict.
+            ``load_format``, ...), passed through to vLLM, plus `VLLMBackend`'s own ``draft_device``,
+            ``draft_memory_gib`` and ``engine_core``; only with ``engine="vllm"``. Stored as sorted
+            ``(name, value)`` pairs; `engine_options` gives them as a dict.
     """
 
     model: str = "smollm2-135m"

@@ -762,6 +762,9 @@ class HealthResponse(BaseModel):
         "measuring what they cost, for the dense-when-slower check (None: none ran).",
     )
     scoring: ScoringQueueReport | None = Field(None, description="The scoring queue (None: scoring is not queued).")
+    engine_core: Literal["in-process", "subprocess"] | None = Field(
+        None, description="Where vLLM's engine core runs, beside the draft or in its own process (None: not vLLM)."
+    )
 
 
 class ConversationTurn(BaseModel):

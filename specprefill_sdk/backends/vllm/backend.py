@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import queue
 import threading
 import time
 import uuid
 from collections.abc import Generator, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,7 @@ from ...types import (
 )
 from ..base import BackendBase
 from .layout import encode_prompt
-from .parallel import DevicePlan, plan_devices
+from .parallel import DevicePlan, engine_in_process, plan_devices
 from .plugin import (
     EXPLICIT_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
@@ -72,35 +75,76 @@ def _architectures(source: Path | str, overrides: Mapping[str, Any] | None) -> l
     return [str(a) for a in archs]
 
 
-class _EngineDriver:
-    """Serialises ``LLMEngine.step`` across threads and routes outputs to per-request queues.
+class _EngineFailed:
+    """Put in every waiting request's queue when the driver's stepping thread saw ``step`` fail."""
 
-    Whichever caller holds the lock steps the engine for everyone, so concurrent `generate`
-    calls (threads, `agenerate`) share engine steps and batches.
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class _EngineDriver:
+    """Serialises access to a vLLM ``LLMEngine`` across threads and routes outputs to per-request queues.
+
+    Two ways to step, one per place of vLLM's engine core:
+
+    - engine core in its own process (``own_thread=False``): whichever caller holds the lock steps
+      the engine for everyone, so concurrent `generate` calls (threads, `agenerate`) share engine
+      steps and batches;
+    - engine core in this process (``own_thread=True``): one thread of the driver's adds and aborts
+      requests between steps and steps while any request is unfinished, and sleeps otherwise. vLLM
+      gives each thread that runs the model a CUDA stream of its own and, with asynchronous
+      scheduling, launches a step before the previous one finished, so every step must come from
+      the same thread. Callers hand their requests over and wait for the thread's answer.
     """
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: Any, *, own_thread: bool = False) -> None:
         self.engine = engine
         self.lock = threading.Lock()
         self.queues: dict[str, queue.SimpleQueue[Any]] = {}
+        self._ops: list[tuple[str, Any]] = []  # ("add", (rid, prompt, params, future)) or ("abort", rid)
+        self._wake = threading.Condition()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if own_thread:
+            self._thread = threading.Thread(target=self._run, name="specprefill-vllm-engine", daemon=True)
+            self._thread.start()
 
     def submit(self, prompt: Mapping[str, Any], params: Any) -> str:
         rid = uuid.uuid4().hex
-        with self.lock:
+        if self._thread is None:
+            with self.lock:
+                self.queues[rid] = queue.SimpleQueue()
+                self._add(rid, prompt, params)
+            return rid
+        added: Future[None] = Future()
+        with self._wake:
+            if self._failure is not None or self._closed:
+                raise BackendUnavailableError(f"the vLLM engine is not running: {self._failure or 'closed'}")
             self.queues[rid] = queue.SimpleQueue()
-            try:
-                self.engine.add_request(rid, dict(prompt), params)
-            except Exception as exc:
-                del self.queues[rid]
-                message = str(exc)
-                if "too long" in message or "max_model_len" in message or "maximum context" in message:
-                    raise ContextTooLongError(message) from exc
-                raise InvalidRequestError(f"vLLM refused the request: {message}") from exc
+            self._ops.append(("add", (rid, prompt, params, added)))
+            self._wake.notify()
+        added.result()
         return rid
+
+    def _add(self, rid: str, prompt: Mapping[str, Any], params: Any) -> None:
+        try:
+            self.engine.add_request(rid, dict(prompt), params)
+        except Exception as exc:
+            self.queues.pop(rid, None)
+            message = str(exc)
+            if "too long" in message or "max_model_len" in message or "maximum context" in message:
+                raise ContextTooLongError(message) from exc
+            raise InvalidRequestError(f"vLLM refused the request: {message}") from exc
 
     def next(self, rid: str) -> Any:
         """The next output of request ``rid`` (blocks, stepping the engine as needed)."""
         own = self.queues[rid]
+        if self._thread is not None:
+            item = own.get()
+            if isinstance(item, _EngineFailed):
+                raise BackendUnavailableError(f"the vLLM engine failed: {item.exc}") from item.exc
+            return item
         while True:
             try:
                 return own.get_nowait()
@@ -113,19 +157,97 @@ class _EngineDriver:
                     outputs = self.engine.step()
                 except Exception as exc:
                     raise BackendUnavailableError(f"the vLLM engine failed: {exc}") from exc
-                for out in outputs:
-                    target = self.queues.get(out.request_id)
-                    if target is not None:
-                        target.put(out)
+                self._route(outputs)
+
+    def _route(self, outputs: Sequence[Any]) -> None:
+        for out in outputs:
+            target = self.queues.get(out.request_id)
+            if target is not None:
+                target.put(out)
+
+    def _run(self) -> None:
+        busy = False
+        while True:
+            with self._wake:
+                while not self._closed and not self._ops and not busy:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                ops, self._ops = self._ops, []
+            for kind, op in ops:
+                if kind == "abort":
+                    self.engine.abort_request([op])
+                    continue
+                rid, prompt, params, added = op
+                try:
+                    self._add(rid, prompt, params)
+                except Exception as exc:
+                    added.set_exception(exc)
+                else:
+                    added.set_result(None)
+            try:
+                busy = self.engine.has_unfinished_requests()
+                if busy:
+                    self._route(self.engine.step())
+            except Exception as exc:
+                logger.exception("the vLLM engine failed")
+                with self._wake:
+                    self._failure = exc
+                    for waiting in self.queues.values():
+                        waiting.put(_EngineFailed(exc))
+                return
 
     def done(self, rid: str) -> None:
-        with self.lock:
+        with self._wake if self._thread is not None else self.lock:
             self.queues.pop(rid, None)
 
     def abort(self, rid: str) -> None:
-        with self.lock:
-            if self.queues.pop(rid, None) is not None:
-                self.engine.abort_request([rid])
+        if self._thread is None:
+            with self.lock:
+                if self.queues.pop(rid, None) is not None:
+                    self.engine.abort_request([rid])
+            return
+        with self._wake:
+            if self.queues.pop(rid, None) is not None and self._failure is None:
+                self._ops.append(("abort", rid))
+                self._wake.notify()
+
+    def close(self) -> None:
+        """Stop the stepping thread (if any) after its current step; requests still waiting get an error."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        if self._thread is None or self._thread is threading.current_thread():
+            return
+        self._thread.join()
+        closed = BackendUnavailableError("the vLLM engine was closed")
+        with self._wake:
+            for waiting in self.queues.values():
+                waiting.put(_EngineFailed(closed))
+            for kind, op in self._ops:
+                if kind == "add":
+                    op[3].set_exception(closed)
+            self._ops = []
+
+
+@contextmanager
+def _engine_core_placement(in_process: bool) -> Iterator[None]:
+    """vLLM's engine core in this process or its own while an engine starts (vLLM reads an environment variable)."""
+    key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+    before = os.environ.get(key)
+    os.environ[key] = "0" if in_process else "1"
+    try:
+        from vllm import envs
+
+        reset = getattr(envs, "disable_envs_cache", None)  # an earlier engine core froze the variables
+        if callable(reset):
+            reset()
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
 
 
 class VLLMBackend(BackendBase):
@@ -142,6 +264,11 @@ class VLLMBackend(BackendBase):
         tensor_parallel_size: vLLM's tensor parallelism.
         draft_device: where the draft should score (``auto``: a spare GPU, else rank 0's GPU);
             read back as `draft_device` to build the scorer.
+        draft_memory_gib: GPU memory left free for the draft when it shares rank 0's GPU.
+        engine_core: where vLLM's engine core runs: ``"auto"`` (this process when one rank shares
+            its GPU with the draft, so that the draft's and the target's kernels can overlap;
+            otherwise vLLM's own process), ``"in-process"`` or ``"subprocess"``; read back as
+            `engine_in_process`. See `engine_in_process` in `specprefill_sdk.backends.vllm.parallel`.
         enable_prefix_caching: vLLM prefix caching; compressed requests are salted by layout.
         **engine_kwargs: passed to ``vllm.LLM`` (``enforce_eager``, ``max_num_batched_tokens``,
             ``load_format``, ...).
@@ -166,6 +293,7 @@ class VLLMBackend(BackendBase):
         tensor_parallel_size: int = 1,
         draft_device: str = "auto",
         draft_memory_gib: float = 8.0,
+        engine_core: str = "auto",
         enable_prefix_caching: bool = True,
         seed: int = 0,
         **engine_kwargs: Any,
@@ -197,27 +325,30 @@ class VLLMBackend(BackendBase):
             draft_memory_gib=draft_memory_gib,
             gpu_memory_utilization=gpu_memory_utilization,
         )
+        #: Whether vLLM's engine core runs in this process (`engine_in_process`).
+        self.engine_in_process: bool = engine_in_process(engine_core, self.plan)
         engine_kwargs.setdefault("worker_extension_cls", WORKER_EXTENSION)
         self._name = Path(model).name if Path(model).exists() else model
         t0 = time.perf_counter()
         try:
-            self.llm = vllm.LLM(
-                model=str(source),
-                tokenizer=str(tokenizer) if isinstance(tokenizer, str | Path) else None,
-                dtype=dtype,
-                max_model_len=max_model_len,
-                gpu_memory_utilization=self.plan.gpu_memory_utilization,
-                tensor_parallel_size=tensor_parallel_size,
-                enable_prefix_caching=enable_prefix_caching,
-                seed=seed,
-                **engine_kwargs,
-            )
+            with _engine_core_placement(self.engine_in_process):
+                self.llm = vllm.LLM(
+                    model=str(source),
+                    tokenizer=str(tokenizer) if isinstance(tokenizer, str | Path) else None,
+                    dtype=dtype,
+                    max_model_len=max_model_len,
+                    gpu_memory_utilization=self.plan.gpu_memory_utilization,
+                    tensor_parallel_size=tensor_parallel_size,
+                    enable_prefix_caching=enable_prefix_caching,
+                    seed=seed,
+                    **engine_kwargs,
+                )
         except Exception as exc:
             raise BackendUnavailableError(f"vLLM could not start {model!r}: {exc}") from exc
         logger.info("vLLM engine for %s ready in %.1f s", self._name, time.perf_counter() - t0)
         self.status = self._check_workers()
         self.engine = self.llm.llm_engine
-        self._driver = _EngineDriver(self.engine)
+        self._driver = _EngineDriver(self.engine, own_thread=self.engine_in_process)
         self._tokenizer = self._load_tokenizer(tokenizer, source, engine_kwargs)
         # With skip_tokenizer_init vLLM returns ids only; text then comes from our tokenizer, if any.
         self._engine_detokenizes = not engine_kwargs.get("skip_tokenizer_init", False)
@@ -264,6 +395,9 @@ class VLLMBackend(BackendBase):
         llm = getattr(self, "llm", None)
         if llm is None:
             return
+        driver = getattr(self, "_driver", None)
+        if driver is not None:
+            driver.close()
         try:
             llm.llm_engine.engine_core.shutdown()
         except Exception:  # shutting down twice, or an engine that died already

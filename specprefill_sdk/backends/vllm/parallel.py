@@ -9,10 +9,19 @@ table from it. So the only placement choice is the draft's device:
 - otherwise rank 0's GPU: vLLM's ``gpu_memory_utilization`` (the same on every rank) is lowered
   so that the draft's weights and activations fit beside rank 0.
 
+The second choice is where vLLM's engine core (scheduler and, with one rank, the model runner) runs:
+in a process of its own (vLLM's default) or in the calling process. Two processes on one GPU take
+turns on it; kernels of one process, on separate streams, can run at the same time. So when the
+draft scores on the GPU of a single target rank, ``"auto"`` runs the engine core in the draft's
+process, where the draft's compute-bound prefill can fill what the target's memory-bound decode
+steps leave idle. With several ranks vLLM starts a process per rank whatever this choice says, so
+``"auto"`` keeps its default there.
+
 Example::
 
     plan = plan_devices(tensor_parallel_size=2, num_gpus=2, gpu_memory_gib=141, draft_memory_gib=6)
     plan.draft_device, plan.gpu_memory_utilization   # ('cuda:0', 0.85)
+    engine_in_process("auto", plan)                  # False: two ranks
 """
 
 from __future__ import annotations
@@ -23,10 +32,12 @@ from dataclasses import dataclass
 from ...errors import BackendUnavailableError, InvalidRequestError
 from ...validation import check_rate
 
-__all__ = ["DEFAULT_UTILIZATION", "DevicePlan", "plan_devices", "rank_device"]
+__all__ = ["DEFAULT_UTILIZATION", "ENGINE_CORES", "DevicePlan", "engine_in_process", "plan_devices", "rank_device"]
 
 #: vLLM's share of each GPU when nothing else lives there.
 DEFAULT_UTILIZATION = 0.90
+#: Where vLLM's engine core may run (`engine_in_process`).
+ENGINE_CORES = ("auto", "in-process", "subprocess")
 #: Below this share a shared GPU leaves too little KV cache to be worth it.
 MIN_UTILIZATION = 0.30
 
@@ -123,3 +134,27 @@ def plan_devices(
             "give the draft its own GPU or a smaller draft"
         )
     return DevicePlan(targets, draft, True, utilization)
+
+
+def engine_in_process(choice: str, plan: DevicePlan) -> bool:
+    """Whether vLLM's engine core runs in the calling process, for ``choice`` in `ENGINE_CORES`.
+
+    ``"auto"``: in this process when one rank shares its GPU with the draft (see the module's
+    docstring); ``"in-process"`` needs a single rank (vLLM runs several in processes of their own).
+
+    Raises:
+        InvalidRequestError: an unknown choice, or ``"in-process"`` with several ranks.
+    """
+    if choice not in ENGINE_CORES:
+        raise InvalidRequestError(
+            f"engine_core must be one of {', '.join(ENGINE_CORES)}, got {choice!r}", param="engine_core"
+        )
+    if choice == "auto":
+        return plan.tensor_parallel_size == 1 and plan.shares_gpu
+    if choice == "in-process" and plan.tensor_parallel_size > 1:
+        raise InvalidRequestError(
+            f"engine_core='in-process' runs one rank; tensor_parallel_size={plan.tensor_parallel_size} "
+            "starts a process per rank",
+            param="engine_core",
+        )
+    return choice == "in-process"
