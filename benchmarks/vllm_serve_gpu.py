@@ -59,6 +59,8 @@ MODELS = Path("/tmp/models")
 ENGINE = ["--gpu-memory-utilization", "0.80", "--seed", "0"]
 #: Our server's policy (`--policy`): the issue's targets are the paper's keep 0.1, not the server's default.
 POLICY = "paper"
+#: More options of our server's command line (``--ours-arg``), e.g. ``--engine-core=subprocess``.
+OURS_ARGS: list[str] = []
 #: A sweep's first rate, as a share of the server's unloaded capacity (one over its unloaded TTFT):
 #: vanilla's level is already lost near half its capacity; ours starts higher, as its level is vanilla's.
 START_SHARE = {"vanilla": 0.3, "ours": 0.5}
@@ -149,7 +151,7 @@ def ours_cmd(model: Path, draft: Path, served: str, port: int, max_len: int, ext
         sys.executable, "-m", "specprefill_sdk", "serve", "--engine", "vllm", "--model", str(model),
         "--draft", str(draft), "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
         "--served-model-name", served, "--max-model-len", str(max_len), "--max-queue", "4096",
-        "--policy", POLICY, "--log-level", "warning", "--metrics", *ENGINE, *extra,
+        "--policy", POLICY, "--log-level", "warning", "--metrics", *ENGINE, *extra, *OURS_ARGS,
     ]  # fmt: skip
 
 
@@ -802,9 +804,23 @@ def sweep_server(
 
     def measure(rate: float) -> dict[str, Any]:
         prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
-        return bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
+        before = _scoring(server)
+        row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
+        after = _scoring(server)
+        if before and after and after["prompts"] > before["prompts"]:  # our server: the draft's time under load
+            row["draft_ms_per_prompt"] = (after["scoring_ms"] - before["scoring_ms"]) / (
+                after["prompts"] - before["prompts"]
+            )
+            row["draft_batches"] = after["batches"] - before["batches"]
+        return row
 
     return sweep_rates(measure, start_rate, slo_ms, budget_s)
+
+
+def _scoring(server: Server) -> dict[str, Any] | None:
+    """Our server's scoring-queue counters from ``/health`` (None: vanilla, or no answer)."""
+    status, health = http("GET", server.base + "/health", timeout=5)
+    return health.get("scoring") if status == 200 and isinstance(health, dict) else None
 
 
 #: The longest `wait_for` waits for its file (seconds).
@@ -933,6 +949,7 @@ def stage_sweep(
         "policy": _policy_label(),
         "server_policy": POLICY,
         "engine_options": [*ENGINE, "--max-model-len", str(max_len), *extra],
+        "ours_options": list(OURS_ARGS),
         "load_generator": "vllm bench serve (vLLM 0.33.0): random dataset, output 128, --ignore-eos, "
         "--random-range-ratio 0, Poisson arrivals, a new dataset seed per run (no prompt is sent twice)",
         "sweep_rule": f"rates from {START_SHARE['vanilla']:g} (vanilla) and {START_SHARE['ours']:g} (ours) x the "
@@ -1178,6 +1195,7 @@ def _rate_row(length: str, server: str, r: dict[str, Any]) -> str:
         _f(r.get("request_goodput"), 2),
         _f(r.get("request_throughput"), 2),
         _f(r.get("failed")),
+        _f(r.get("draft_ms_per_prompt")),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -1270,7 +1288,9 @@ def render(results: dict[str, Any]) -> str:
             lines += [f"Failed: `{sweep['error'][:300]}`", ""]
         lines += [
             f"Policy {sweep.get('policy')}; engine options for both servers: "
-            f"`{' '.join(sweep.get('engine_options', []))}`; load: {sweep.get('load_generator')}"
+            f"`{' '.join(sweep.get('engine_options', []))}`"
+            + (f"; ours also `{' '.join(sweep['ours_options'])}`" if sweep.get("ours_options") else "")
+            + f"; load: {sweep.get('load_generator')}"
             + (f"; {sweep['sweep_rule']}" if sweep.get("sweep_rule") else "")
             + ". Start-up: vanilla "
             f"{_f(sweep.get('startup_s_vanilla'), 1)} s, ours {_f(sweep.get('startup_s_ours'), 1)} s.",
@@ -1282,8 +1302,8 @@ def render(results: dict[str, Any]) -> str:
         ]
         detail = [
             "| input | server | rate (req/s) | prompts | TTFT p50 | TTFT p90 | within SLO | goodput (req/s) | "
-            "throughput (req/s) | failed |",
-            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+            "throughput (req/s) | failed | draft ms per prompt |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
         ]
         for length, row in sweep.get("lengths", {}).items():
             lines.append(_summary_row(length, row))
@@ -1430,7 +1450,9 @@ def main() -> int:
     parser.add_argument("--real-seed", type=int, default=7, help="seed of the real stage's samples")
     parser.add_argument("--name", default=NAME, help="file name stem of the results")
     parser.add_argument("--render", type=Path, default=None, help="rewrite the markdown and plot from this JSON")
+    parser.add_argument("--ours-arg", action="append", default=[], help="one more option of our server (repeatable)")
     args = parser.parse_args()
+    OURS_ARGS[:] = args.ours_arg
     globals()["NAME"] = args.name
     START_SHARE.update(vanilla=args.start_vanilla, ours=args.start_ours)
     globals().update(MIN_PROMPTS=args.min_prompts, UNLOADED_PROMPTS=args.unloaded_prompts, POLICY=args.policy)

@@ -66,7 +66,9 @@ parser.add_argument("--slo-ms", type=float, default=SLO_MS, help="the service le
 parser.add_argument("out", type=Path)
 parser.add_argument("tokenizer", type=Path)
 parser.add_argument("rates", type=float, nargs="+")
+parser.add_argument("--ours-arg", action="append", default=[], help="one more option of our server (repeatable)")
 args = parser.parse_args()
+m.OURS_ARGS[:] = args.ours_arg
 out, tok, rates, SLO_MS, LENGTH = args.out, args.tokenizer, args.rates, args.slo_ms, args.length
 out.mkdir(parents=True, exist_ok=True)
 m.logging.basicConfig(level=m.logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
@@ -84,6 +86,7 @@ result: dict = {
     "length": LENGTH,
     "gpu": m.gpu_name(),
     "engine_options": [*m.ENGINE, "--max-model-len", str(MAX_LEN), *extra],
+    "ours_options": list(args.ours_arg),
     "policy": m._policy_label(),
     "slo_p90_ttft_ms": SLO_MS,
     "rates": [],
