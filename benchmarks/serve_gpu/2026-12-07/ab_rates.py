@@ -1,8 +1,8 @@
 """The service level and the rates for job17.sh's second part, from its sweep's JSON.
 
 Prints ``SLO MET MISSED``: the sweep's p90 TTFT level at 32K, the highest rate our server met and the
-lowest it missed above that (``ours_8k.py`` runs rates highest first and stops at the first one met, so
-the subprocess layout is tried at MISSED first only to be compared at both). Where the sweep did not
+lowest it missed above that (or 1.15x the highest met when none was missed). job17.sh gives ``ours_8k.py``
+MISSED, then MET: it runs the rates in that order and stops at the first one met. Where the sweep did not
 finish, the fourth lease's figures of 2026-12-06 stand in: level 2,742 ms, met 1.1, missed 1.3.
 
     python3 ab_rates.py SWEEP.json

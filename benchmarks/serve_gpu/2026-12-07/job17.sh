@@ -3,14 +3,16 @@
 # --policy paper, 32K. First the sweep of both servers with our server's default (--engine-core auto, which on
 # one GPU runs the engine core in the server's process, beside the draft); then, on the same machine, our
 # server with the engine core in vLLM's own process (--engine-core subprocess, the layout of every earlier
-# lease) at the highest rate the first sweep met and, if it is met there too, at the lowest that sweep missed.
+# lease) at the lowest rate the first sweep missed and, if it misses there too, at the highest that sweep met.
+# Device time was short (four tries found no machine), so vanilla's sweep starts at 0.55 of its unloaded capacity
+# (about 0.40 req/s on an H100, the highest rate it met on the fourth lease of 2026-12-06) and gets 160 s.
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 D=benchmarks/serve_gpu/2026-12-07
 NAME=vllm_serve_gpu_h100_llama_inproc
 python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages sweep --pair llama \
-  --lengths 32768 --policy paper --budget 580 --budget-vanilla 240 \
-  --start-vanilla 0.4 --start-ours 0.5 --min-prompts 12 --vanilla-probe-reps 1 --name $NAME
+  --lengths 32768 --policy paper --budget 460 --budget-vanilla 160 \
+  --start-vanilla 0.55 --start-ours 0.5 --min-prompts 12 --vanilla-probe-reps 1 --name $NAME
 read -r SLO MET MISSED < <(python3 $D/ab_rates.py $RES/$NAME.json)
 echo "A/B at SLO $SLO: met $MET, missed $MISSED"
 python3 benchmarks/serve_gpu/h200_2026-12-04/ours_8k.py --pair llama --length 32768 --slo-ms $SLO \
