@@ -5,13 +5,15 @@
 # server with the engine core in vLLM's own process (--engine-core subprocess, the layout of every earlier
 # lease) at the lowest rate the first sweep missed and, if it misses there too, at the highest that sweep met.
 # Device time was short (four tries found no machine), so vanilla's sweep starts at 0.55 of its unloaded capacity
-# (about 0.40 req/s on an H100, the highest rate it met on the fourth lease of 2026-12-06) and gets 160 s.
+# (about 0.40 req/s on an H100, the highest rate it met on the fourth lease of 2026-12-06) and gets 160 s;
+# BUDGET and BUDGET_VANILLA in the environment change the two budgets (BUDGET_VANILLA=0: vanilla's unloaded
+# TTFT, which sets the service level, and no sweep).
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 D=benchmarks/serve_gpu/2026-12-07
 NAME=vllm_serve_gpu_h100_llama_inproc
 python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages sweep --pair llama \
-  --lengths 32768 --policy paper --budget 460 --budget-vanilla 160 \
+  --lengths 32768 --policy paper --budget ${BUDGET:-460} --budget-vanilla ${BUDGET_VANILLA:-160} \
   --start-vanilla 0.55 --start-ours 0.5 --min-prompts 12 --vanilla-probe-reps 1 --name $NAME
 read -r SLO MET MISSED < <(python3 $D/ab_rates.py $RES/$NAME.json)
 echo "A/B at SLO $SLO: met $MET, missed $MISSED"
