@@ -11,7 +11,7 @@
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 D=benchmarks/serve_gpu/2026-12-07
-NAME=vllm_serve_gpu_h100_llama_inproc
+NAME=vllm_serve_gpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)_llama_inproc
 python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages sweep --pair llama \
   --lengths 32768 --policy paper --budget ${BUDGET:-460} --budget-vanilla ${BUDGET_VANILLA:-160} \
   --start-vanilla 0.55 --start-ours 0.5 --min-prompts 12 --vanilla-probe-reps 1 --name $NAME
