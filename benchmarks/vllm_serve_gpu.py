@@ -804,17 +804,25 @@ def sweep_server(
 
     def measure(rate: float) -> dict[str, Any]:
         prompts = int(min(160, max(MIN_PROMPTS, math.ceil(rate * target_s))))
-        before = _scoring(server)
-        row = bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms)
-        after = _scoring(server)
-        if before and after and after["prompts"] > before["prompts"]:  # our server: the draft's time under load
-            row["draft_ms_per_prompt"] = (after["scoring_ms"] - before["scoring_ms"]) / (
-                after["prompts"] - before["prompts"]
-            )
-            row["draft_batches"] = after["batches"] - before["batches"]
-        return row
+        return with_draft_time(
+            server,
+            lambda: bench(server, tokenizer, served, length, rate, prompts, out, f"{tag}_{length}_{rate:g}", slo_ms),
+        )
 
     return sweep_rates(measure, start_rate, slo_ms, budget_s)
+
+
+def with_draft_time(server: Server, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s row, with our server's draft time per prompt scored meanwhile (``/health``'s counters)."""
+    before = _scoring(server)
+    row = run()
+    after = _scoring(server)
+    if before and after and after["prompts"] > before["prompts"]:  # vanilla has no scoring queue
+        row["draft_ms_per_prompt"] = (after["scoring_ms"] - before["scoring_ms"]) / (
+            after["prompts"] - before["prompts"]
+        )
+        row["draft_batches"] = after["batches"] - before["batches"]
+    return row
 
 
 def _scoring(server: Server) -> dict[str, Any] | None:

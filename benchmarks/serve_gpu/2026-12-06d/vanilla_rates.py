@@ -3,6 +3,8 @@ sweep met and the first one it missed, so that its maximum is bounded more tight
 
 Ran as ``. env.sh; cd /tmp/proj; python3 vanilla_rates.py OUT SLO_MS RATE...`` with job16.sh's service level
 (twice its vanilla unloaded TTFT) and 12 prompts a rate, as job16.sh's sweep; the Llama pair at 32K.
+``SLO_MS`` given as ``unloaded`` measures the level first, as the sweep does (twice the median TTFT of prompts
+sent one at a time); with no RATE that is all it runs.
 """
 
 import itertools
@@ -18,7 +20,7 @@ import vllm_serve_gpu as m
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stdout)
 base.install_entry_point()
 m._SEEDS = itertools.count(7000)  # dataset seeds job16.sh's process did not use
-out, slo_ms, rates = Path(sys.argv[1]), float(sys.argv[2]), [float(r) for r in sys.argv[3:]]
+out, slo_arg, rates = Path(sys.argv[1]), sys.argv[2], [float(r) for r in sys.argv[3:]]
 tok = Path("/tmp/proj/.gpujob/tok")
 out.mkdir(parents=True, exist_ok=True)
 t = m.llama_dir("8b", tok, weights=False)
@@ -29,9 +31,15 @@ v = m.Server(
     out,
     env={"SPECPREFILL_VLLM_PLUGIN": "0"},
 )
-r: dict = {"slo_p90_ttft_ms": slo_ms, "rates": []}
+r: dict = {"gpu": m.gpu_name(), "rates": []}
 try:
     r["startup_s"] = v.wait()
+    if slo_arg == "unloaded":
+        r["vanilla_unloaded"] = m.bench_unloaded(v, tok, t.name, 32768, out, "vanilla_32768_unloaded")
+        slo_ms = 2 * float(r["vanilla_unloaded"]["median_ttft_ms"])
+    else:
+        slo_ms = float(slo_arg)
+    r["slo_p90_ttft_ms"] = slo_ms
     for rate in rates:
         r["rates"].append(m.bench(v, tok, t.name, 32768, rate, 12, out, f"vanilla_32768_{rate:g}", slo_ms))
 finally:

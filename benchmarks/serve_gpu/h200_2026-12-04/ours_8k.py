@@ -15,6 +15,7 @@ the level.
 """
 
 import argparse
+import functools
 import json
 import sys
 from pathlib import Path
@@ -67,6 +68,7 @@ parser.add_argument("out", type=Path)
 parser.add_argument("tokenizer", type=Path)
 parser.add_argument("rates", type=float, nargs="+")
 parser.add_argument("--ours-arg", action="append", default=[], help="one more option of our server (repeatable)")
+parser.add_argument("--every", action="store_true", help="run every rate (default: stop at the first one met)")
 args = parser.parse_args()
 m.OURS_ARGS[:] = args.ours_arg
 out, tok, rates, SLO_MS, LENGTH = args.out, args.tokenizer, args.rates, args.slo_ms, args.length
@@ -103,12 +105,15 @@ try:
     save()
     for rate in rates:
         prompts = int(min(160, max(m.MIN_PROMPTS, rate * m.TARGET_S)))
-        row = m.bench(ours, tok, served, LENGTH, rate, prompts, out, f"ours_{LENGTH}_{rate:g}", SLO_MS)
+        tag = f"ours_{LENGTH}_{rate:g}"
+        row = m.with_draft_time(
+            ours, functools.partial(m.bench, ours, tok, served, LENGTH, rate, prompts, out, tag, SLO_MS)
+        )
         row["within_slo"] = bool(row.get("p90_ttft_ms") is not None and row["p90_ttft_ms"] <= SLO_MS
                                  and not row.get("failed"))  # fmt: skip
         result["rates"].append(row)
         save()
-        if row["within_slo"]:
+        if row["within_slo"] and not args.every:
             break
     result["ours_health_after"] = m.http("GET", ours.base + "/health")[1]
     save()
