@@ -15,7 +15,7 @@ if [ -n "${SLO_MS:-}" ]; then SLO=$SLO_MS; else
   SLO=$(python3 -c "import json; print(json.load(open('$RES/vanilla/vanilla_rates.json'))['slo_p90_ttft_ms'])")
 fi
 echo "service level $SLO ms"
-for core in subprocess auto; do
+for core in ${CORES:-subprocess auto}; do
   python3 $D/h200_2026-12-04/ours_8k.py --pair llama --length 32768 --slo-ms $SLO --every \
     --ours-arg=--engine-core=$core $RES/$core /tmp/proj/.gpujob/tok $RATES
 done
