@@ -678,6 +678,26 @@ def test_the_driver_thread_reports_refusals_and_engine_failures_to_the_callers()
     driver.close()
 
 
+def test_an_engine_that_fails_between_steps_releases_every_waiting_caller() -> None:
+    """An abort the engine cannot do stops the thread; the other request's caller gets an error, not a hang."""
+    from specprefill_sdk.backends.vllm.backend import _EngineDriver
+
+    class Broken(_Engine):
+        def abort_request(self, rids: list[str]) -> None:
+            raise RuntimeError("the scheduler lost the request")
+
+    driver = _EngineDriver(Broken(length=10_000), own_thread=True)
+    left, stays = driver.submit({"prompt_token_ids": [1]}, None), driver.submit({"prompt_token_ids": [2]}, None)
+    driver.next(left)
+    driver.abort(left)
+    with pytest.raises(BackendUnavailableError, match="the scheduler lost the request"):
+        while True:
+            driver.next(stays)
+    with pytest.raises(BackendUnavailableError, match="not running"):
+        driver.submit({"prompt_token_ids": [3]}, None)
+    driver.close()
+
+
 def test_closing_the_driver_stops_its_thread_and_releases_waiting_callers() -> None:
     from specprefill_sdk.backends.vllm.backend import _EngineDriver
 

@@ -29,7 +29,13 @@ from typing import Any
 from ..._cancel import check_cancelled
 from ..._timing import elapsed_ms as _ms
 from ..._timing import record
-from ...errors import BackendUnavailableError, ContextTooLongError, InvalidRequestError, ModelLoadError
+from ...errors import (
+    BackendUnavailableError,
+    ContextTooLongError,
+    InvalidRequestError,
+    ModelLoadError,
+    SpecPrefillError,
+)
 from ...interfaces import BackendCapabilities
 from ...models import DEFAULT_MODEL, resolve_model_path
 from ...types import (
@@ -174,18 +180,18 @@ class _EngineDriver:
                 if self._closed:
                     return
                 ops, self._ops = self._ops, []
-            for kind, op in ops:
-                if kind == "abort":
-                    self.engine.abort_request([op])
-                    continue
-                rid, prompt, params, added = op
-                try:
-                    self._add(rid, prompt, params)
-                except Exception as exc:
-                    added.set_exception(exc)
-                else:
-                    added.set_result(None)
             try:
+                for kind, op in ops:
+                    if kind == "abort":
+                        self.engine.abort_request([op])
+                        continue
+                    rid, prompt, params, added = op
+                    try:
+                        self._add(rid, prompt, params)
+                    except SpecPrefillError as exc:  # this request's refusal, typed by `_add`
+                        added.set_exception(exc)
+                    else:
+                        added.set_result(None)
                 busy = self.engine.has_unfinished_requests()
                 if busy:
                     self._route(self.engine.step())
@@ -193,9 +199,18 @@ class _EngineDriver:
                 logger.exception("the vLLM engine failed")
                 with self._wake:
                     self._failure = exc
-                    for waiting in self.queues.values():
-                        waiting.put(_EngineFailed(exc))
+                    self._release(ops + self._ops, _EngineFailed(exc))
                 return
+
+    def _release(self, ops: list[tuple[str, Any]], failed: _EngineFailed) -> None:
+        """Every waiting caller gets ``failed``: those waiting for outputs and those whose add is pending."""
+        for waiting in self.queues.values():
+            waiting.put(failed)
+        error = BackendUnavailableError(f"the vLLM engine is not running: {failed.exc}")
+        for kind, op in ops:
+            if kind == "add" and not op[3].done():
+                op[3].set_exception(error)
+        self._ops = []
 
     def done(self, rid: str) -> None:
         with self._wake if self._thread is not None else self.lock:
@@ -220,14 +235,8 @@ class _EngineDriver:
         if self._thread is None or self._thread is threading.current_thread():
             return
         self._thread.join()
-        closed = BackendUnavailableError("the vLLM engine was closed")
         with self._wake:
-            for waiting in self.queues.values():
-                waiting.put(_EngineFailed(closed))
-            for kind, op in self._ops:
-                if kind == "add":
-                    op[3].set_exception(closed)
-            self._ops = []
+            self._release(self._ops, _EngineFailed(BackendUnavailableError("the vLLM engine was closed")))
 
 
 @contextmanager
