@@ -108,7 +108,7 @@ class _EngineDriver:
         self.lock = threading.Lock()
         self.queues: dict[str, queue.SimpleQueue[Any]] = {}
         self._ops: list[tuple[str, Any]] = []  # ("add", (rid, prompt, params, future)) or ("abort", rid)
-        self._wake = threading.Condition()
+        self._wake = threading.Condition(self.lock)  # the stepping thread's signal; holds no lock over a step
         self._failure: BaseException | None = None
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -213,7 +213,7 @@ class _EngineDriver:
         self._ops = []
 
     def done(self, rid: str) -> None:
-        with self._wake if self._thread is not None else self.lock:
+        with self.lock:
             self.queues.pop(rid, None)
 
     def abort(self, rid: str) -> None:
