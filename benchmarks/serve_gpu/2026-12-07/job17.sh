@@ -7,14 +7,17 @@
 # Device time was short (four tries found no machine), so vanilla's sweep starts at 0.55 of its unloaded capacity
 # (about 0.40 req/s on an H100, the highest rate it met on the fourth lease of 2026-12-06) and gets 160 s;
 # BUDGET and BUDGET_VANILLA in the environment change the two budgets (BUDGET_VANILLA=0: vanilla's unloaded
-# TTFT, which sets the service level, and no sweep).
+# TTFT, which sets the service level, and no sweep). STAGES=correctness,sweep runs vllm_serve_gpu.py's
+# correctness stage first (served greedy answers against TransformersBackend's, streamed, under 16 concurrent
+# requests, keep 1.0 against vanilla), in the same layout; AB=0 skips the second part.
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 D=benchmarks/serve_gpu/2026-12-07
 NAME=vllm_serve_gpu_$(nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 && echo h200 || echo h100)_llama_inproc
-python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages sweep --pair llama \
+python3 benchmarks/vllm_serve_gpu.py --out $RES --tokenizer /tmp/proj/.gpujob/tok --stages ${STAGES:-sweep} --pair llama \
   --lengths 32768 --policy paper --budget ${BUDGET:-460} --budget-vanilla ${BUDGET_VANILLA:-160} \
   --start-vanilla 0.55 --start-ours 0.5 --min-prompts 12 --vanilla-probe-reps 1 --name $NAME
+[ "${AB:-1}" = 0 ] && { touch $RES/job.done; exit 0; }
 read -r SLO MET MISSED < <(python3 $D/ab_rates.py $RES/$NAME.json)
 echo "A/B at SLO $SLO: met $MET, missed $MISSED"
 python3 benchmarks/serve_gpu/h200_2026-12-04/ours_8k.py --pair llama --length 32768 --slo-ms $SLO \
