@@ -277,7 +277,7 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
 
     from specprefill_sdk.backends.transformers import TransformersBackend
     from specprefill_sdk.policies import load_pipeline
-    from specprefill_sdk.types import Prompt, SamplingParams
+    from specprefill_sdk.types import CompressedPrompt, Prompt, SamplingParams
 
     path = base.make_model("llama", MODELS / "tiny-llama", tokenizer, seed=1)
     max_len, tokens = 4096, 16
@@ -287,7 +287,12 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
     # The reference first, then one server at a time: vLLM profiles the GPU's free memory at start,
     # and another process allocating meanwhile would upset that.
     target = TransformersBackend(str(path), device="cuda", dtype="bfloat16")
-    pipe = load_pipeline(POLICY, model=str(path), draft=str(path), backend=target, device="cuda", dtype="bfloat16")
+    # dense_when_slower=False: this tiny model is its own draft, so its scoring never pays and the cost model's
+    # check would prefill every prompt whole; the server's scoring queue does not apply that check, and the
+    # comparison needs the same selection on both sides.
+    pipe = load_pipeline(POLICY, model=str(path), draft=str(path), backend=target, device="cuda", dtype="bfloat16",
+                         dense_when_slower=False)  # fmt: skip
+    net = target.loaded.model
     params = SamplingParams(max_tokens=tokens)
     prompts = [random_ids(n, seed=n) for n in (1500, 2200, 3000)]
     reference = []
@@ -316,16 +321,14 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                 body = {**common, "prompt": ids, "specprefill": {"return_token_ids": True}}
                 got, usage = _complete(ours.base, body)
                 kept = (usage.get("specprefill") or {}).get("kept_tokens")
-                checks.append(
-                    compare(
-                        f"{label}: server's selection #{i} vs transformers",
-                        got,
-                        want,
-                        kept=kept,
-                        reference_kept=compressed.kept,
-                    )
-                )
-                checks.append(compare(f"{label}: server's selection #{i}, streamed", _stream(ours.base, body), want))
+                row = compare(f"{label}: server's selection #{i} vs transformers", got, want, kept=kept,
+                              reference_kept=compressed.kept)  # fmt: skip
+                # another selection is another prompt: its answer is not comparable, whatever the tokens
+                row["equal"] = row["equal"] and kept == compressed.kept
+                checks.append(with_margin(row, net, compressed, want, got))
+                streamed = _stream(ours.base, body)
+                row = compare(f"{label}: server's selection #{i}, streamed", streamed, want)
+                checks.append(with_margin(row, net, compressed, want, streamed))
                 pre = {
                     **common,
                     "specprefill": {
@@ -335,10 +338,12 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                         "return_token_ids": True,
                     },
                 }
-                checks.append(
-                    compare(f"{label}: pre-compressed #{i} vs transformers", _complete(ours.base, pre)[0], want)
-                )
-                checks.append(compare(f"{label}: pre-compressed #{i}, streamed", _stream(ours.base, pre), want))
+                got = _complete(ours.base, pre)[0]
+                row = compare(f"{label}: pre-compressed #{i} vs transformers", got, want)
+                checks.append(with_margin(row, net, compressed, want, got))
+                streamed = _stream(ours.base, pre)
+                row = compare(f"{label}: pre-compressed #{i}, streamed", streamed, want)
+                checks.append(with_margin(row, net, compressed, want, streamed))
 
         check_all("alone")
         stop = threading.Event()
@@ -370,7 +375,10 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                 ours.base, {**common, "prompt": ids, "specprefill": {"enabled": False, "return_token_ids": True}}
             )[0]
             vanilla_ids = _complete(vanilla.base, {**common, "prompt": ids, "return_token_ids": True})[0]
-            checks.append(compare(f"keep 1.0 (enabled: false) #{i} vs vanilla vllm serve", ours_ids, vanilla_ids))
+            row = compare(f"keep 1.0 (enabled: false) #{i} vs vanilla vllm serve", ours_ids, vanilla_ids)
+            # transformers' lead of vanilla's token over ours: how close the two were in the model itself
+            checks.append(with_margin(row, net, CompressedPrompt.dense(Prompt.from_token_ids(ids)), vanilla_ids,
+                                      ours_ids))  # fmt: skip
         result["all_equal"] = all(c["equal"] for c in checks)
     finally:
         ours.stop()
@@ -416,6 +424,17 @@ def _margin(net: Any, compressed: Any, generated: list[int], step: int, ours: in
     return float(logits[generated[step]] - logits[ours])
 
 
+def with_margin(row: dict[str, Any], net: Any, compressed: Any, want: list[int], got: list[int]) -> dict[str, Any]:
+    """``row`` with ``reference_margin`` (`_margin`) where ``got`` and ``want`` differ at a step both reached."""
+    step = _first_divergence(got, want)
+    if step is not None and step < min(len(got), len(want)):
+        try:
+            row["reference_margin"] = round(_margin(net, compressed, want, step, got[step]), 4)
+        except Exception as exc:  # the row stands without it
+            row["margin_error"] = repr(exc)
+    return row
+
+
 def stage_real(out: Path, lengths: list[int], samples: int, seed: int) -> dict[str, Any]:
     """The real Qwen2.5-Coder pair: the served engine's answers against `TransformersBackend`'s, one policy."""
     from specprefill_sdk.backends.transformers import TransformersBackend
@@ -443,7 +462,9 @@ def stage_real(out: Path, lengths: list[int], samples: int, seed: int) -> dict[s
     RESULTS["stages"]["real"] = result
     t0 = time.monotonic()
     # The reference first and alone on the GPU: vLLM profiles the free memory when it starts.
-    pipe = load_pipeline(policy, model=str(REAL_TARGET), draft=str(REAL_DRAFT), device=DEVICE, dtype="bfloat16")
+    # dense_when_slower=False, as in the correctness stage: the server's scoring queue does not apply that check
+    pipe = load_pipeline(policy, model=str(REAL_TARGET), draft=str(REAL_DRAFT), device=DEVICE, dtype="bfloat16",
+                         dense_when_slower=False)  # fmt: skip
     backend = pipe.backend
     assert isinstance(backend, TransformersBackend)
     tokenizer, net = backend.tokenizer, backend.loaded.model
@@ -481,12 +502,7 @@ def stage_real(out: Path, lengths: list[int], samples: int, seed: int) -> dict[s
                 "exact_served": exact_match(text, sample.answers, sample.match),
                 "answer_reference": want_text[:200], "answer_served": text[:200],
             }  # fmt: skip
-            if step is not None and step < min(len(got), len(want)):
-                try:
-                    row["reference_margin"] = round(_margin(net, compressed, want, step, got[step]), 4)
-                except Exception as exc:  # the row stands without it
-                    row["margin_error"] = repr(exc)
-            result["rows"].append(row)
+            result["rows"].append(with_margin(row, net, compressed, want, got))
         save(out)
     finally:
         ours.stop()
@@ -1281,10 +1297,14 @@ def render(results: dict[str, Any]) -> str:
         lines += ["## Correctness", ""]
         if "error" in corr:
             lines += [f"Failed: `{corr['error'][:300]}`", ""]
-        lines += [f"Model: {corr.get('model')}; greedy, 16 tokens.", ""]
-        lines += ["| case | equal | first divergence |", "| --- | --- | --- |"]
+        lines += [f"Model: {corr.get('model')}; greedy, 16 tokens. Logit lead: the reference's (transformers')"
+                  " logit of its own token over the served one at the first differing step.", ""]  # fmt: skip
+        lines += ["| case | equal | first divergence | logit lead | kept (served / reference) |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
         for c in corr.get("checks", []):
-            lines.append(f"| {c['case']} | {'yes' if c['equal'] else 'no'} | {_f(c.get('first_divergence'))} |")
+            kept = f"{c['kept']} / {c['reference_kept']}" if "reference_kept" in c else "-"
+            lines.append(f"| {c['case']} | {'yes' if c['equal'] else 'no'} | {_f(c.get('first_divergence'))} | "
+                         f"{_f(c.get('reference_margin'), 3)} | {kept} |")  # fmt: skip
         lines.append("")
     lines += _render_real(results["stages"].get("real"))
     for key, sweep in results["stages"].items():
@@ -1435,7 +1455,9 @@ def main() -> int:
         default=None,
         help="the lengths swept (default: every --lengths value); the others get unloaded runs only",
     )
-    parser.add_argument("--budget", type=float, default=900.0, help="seconds for the sweeps of one pair")
+    parser.add_argument("--budget", type=float, default=900.0,
+                        help="seconds for the sweeps of one pair, counted once each server is up: its unloaded runs "
+                             "and probes spend it too (a server runs one rate at least)")  # fmt: skip
     parser.add_argument("--budget-vanilla", type=float, default=None, help="vanilla's part of --budget (default: half)")
     parser.add_argument("--start-vanilla", type=float, default=START_SHARE["vanilla"],
                         help="vanilla's first rate, as a share of its unloaded capacity")  # fmt: skip

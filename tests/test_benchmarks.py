@@ -217,6 +217,36 @@ def test_a_ttft_row_takes_medians_and_the_ceiling_of_the_same_runs():
     assert row["share_of_ceiling"] == round((125 / 42) / (125 / 41), 3) and row["reps"] == 3 and row["kept"] == 100
 
 
+def test_the_correctness_stage_records_the_references_logit_lead_where_the_tokens_differ(smollm, monkeypatch):
+    import torch
+
+    from specprefill_sdk.types import CompressedPrompt, Prompt, Selection
+
+    module = _script("vllm_serve_gpu")
+    monkeypatch.setattr(module, "DEVICE", "cpu")
+    net, tok = smollm.model, smollm.tokenizer
+    ids = tok("The capital of France is Paris. The capital of Italy is")["input_ids"]
+    prompt = Prompt.from_token_ids(ids)
+    kept = (0, *range(4, len(ids)))
+    # kept tokens at their original positions, as a selection leaves them
+    compressed = CompressedPrompt.from_selection(prompt, Selection(kept, n=len(ids), protected=(False,) * len(kept)))
+    want: list[int] = []
+    with torch.inference_mode():
+        for step in range(3):
+            positions = [*compressed.position_ids, *range(compressed.n, compressed.n + step)]
+            logits = net(input_ids=torch.tensor([[*compressed.token_ids, *want]]),
+                         position_ids=torch.tensor([positions])).logits[0, -1].float()  # fmt: skip
+            want.append(int(logits.argmax()))
+    other = int(logits.argsort()[-2])  # the runner-up at the last step
+    got = [*want[:2], other]
+    row = module.with_margin({"case": "c"}, net, compressed, want, got)
+    # the greedy token's lead over the runner-up at step 2, from a forward at the same positions
+    assert row["reference_margin"] == round(float(logits[want[2]] - logits[other]), 4)
+    assert row["reference_margin"] >= 0
+    assert "reference_margin" not in module.with_margin({}, net, compressed, want, want)
+    assert "reference_margin" not in module.with_margin({}, net, compressed, want, want[:2])  # a shorter answer
+
+
 def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the_service_level(tmp_path):
     module = _script("vllm_serve_gpu")
 
@@ -231,7 +261,10 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
         "stages": {
             "correctness": {
                 "model": "m",
-                "checks": [{"case": "pre-compressed #0", "equal": False, "first_divergence": 3}],
+                "checks": [
+                    {"case": "pre-compressed #0", "equal": False, "first_divergence": 3, "reference_margin": 0.0625},
+                    {"case": "selection #0", "equal": False, "first_divergence": 0, "kept": 16, "reference_kept": 150},
+                ],
             },
             "sweep_llama": {
                 "target": "t",
@@ -265,7 +298,8 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     }
     text = module.render(results)
     assert "Where the unloaded TTFT goes" not in text  # no text probe in this run
-    assert "| pre-compressed #0 | no | 3 |" in text
+    assert "| pre-compressed #0 | no | 3 | 0.062 | - |" in text
+    assert "| selection #0 | no | 0 | - | 16 / 150 |" in text
     assert "| 32,768 | 1,200 ms | 2,400 ms |" in text
     # every vanilla rate met the level: it fails at its capacity at the latest, 1 / 1.2 s
     # (no ratio of maxima: neither server missed a rate, so neither maximum was found)
