@@ -10,6 +10,9 @@
 # TTFT, which sets the service level, and no sweep). STAGES=correctness,sweep runs vllm_serve_gpu.py's
 # correctness stage first (served greedy answers against TransformersBackend's, streamed, under 16 concurrent
 # requests, keep 1.0 against vanilla), in the same layout; AB=0 skips the second part.
+# Each server's budget counts from the moment it is up, so its unloaded runs and probes (about 55 s for vanilla,
+# 40 s for ours at 32K) spend it too. Ran on 2026-12-07's second lease as BUDGET=240 BUDGET_VANILLA=90
+# STAGES=sweep,correctness AB=0: too little for vanilla's sweep (one rate), see docs/benchmarks.md.
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
 D=benchmarks/serve_gpu/2026-12-07
