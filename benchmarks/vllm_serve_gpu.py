@@ -316,19 +316,21 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
         result["startup_s"] = startup
         common = {"model": "tiny", "max_tokens": tokens, "temperature": 0}
 
+        def check(case: str, compressed: Any, got: list[int], want: list[int], **extra: Any) -> dict[str, Any]:
+            row = with_margin(compare(case, got, want, **extra), net, compressed, want, got)
+            checks.append(row)
+            return row
+
         def check_all(label: str) -> None:
             for i, (ids, (compressed, want)) in enumerate(zip(prompts, reference, strict=True)):
                 body = {**common, "prompt": ids, "specprefill": {"return_token_ids": True}}
                 got, usage = _complete(ours.base, body)
                 kept = (usage.get("specprefill") or {}).get("kept_tokens")
-                row = compare(f"{label}: server's selection #{i} vs transformers", got, want, kept=kept,
-                              reference_kept=compressed.kept)  # fmt: skip
+                row = check(f"{label}: server's selection #{i} vs transformers", compressed, got, want, kept=kept,
+                            reference_kept=compressed.kept)  # fmt: skip
                 # another selection is another prompt: its answer is not comparable, whatever the tokens
                 row["equal"] = row["equal"] and kept == compressed.kept
-                checks.append(with_margin(row, net, compressed, want, got))
-                streamed = _stream(ours.base, body)
-                row = compare(f"{label}: server's selection #{i}, streamed", streamed, want)
-                checks.append(with_margin(row, net, compressed, want, streamed))
+                check(f"{label}: server's selection #{i}, streamed", compressed, _stream(ours.base, body), want)
                 pre = {
                     **common,
                     "specprefill": {
@@ -338,12 +340,8 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                         "return_token_ids": True,
                     },
                 }
-                got = _complete(ours.base, pre)[0]
-                row = compare(f"{label}: pre-compressed #{i} vs transformers", got, want)
-                checks.append(with_margin(row, net, compressed, want, got))
-                streamed = _stream(ours.base, pre)
-                row = compare(f"{label}: pre-compressed #{i}, streamed", streamed, want)
-                checks.append(with_margin(row, net, compressed, want, streamed))
+                check(f"{label}: pre-compressed #{i} vs transformers", compressed, _complete(ours.base, pre)[0], want)
+                check(f"{label}: pre-compressed #{i}, streamed", compressed, _stream(ours.base, pre), want)
 
         check_all("alone")
         stop = threading.Event()
@@ -375,10 +373,9 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                 ours.base, {**common, "prompt": ids, "specprefill": {"enabled": False, "return_token_ids": True}}
             )[0]
             vanilla_ids = _complete(vanilla.base, {**common, "prompt": ids, "return_token_ids": True})[0]
-            row = compare(f"keep 1.0 (enabled: false) #{i} vs vanilla vllm serve", ours_ids, vanilla_ids)
-            # transformers' lead of vanilla's token over ours: how close the two were in the model itself
-            checks.append(with_margin(row, net, CompressedPrompt.dense(Prompt.from_token_ids(ids)), vanilla_ids,
-                                      ours_ids))  # fmt: skip
+            # with transformers' lead of vanilla's token over ours: how close the two were in the model itself
+            check(f"keep 1.0 (enabled: false) #{i} vs vanilla vllm serve",
+                  CompressedPrompt.dense(Prompt.from_token_ids(ids)), ours_ids, vanilla_ids)  # fmt: skip
         result["all_equal"] = all(c["equal"] for c in checks)
     finally:
         ours.stop()
