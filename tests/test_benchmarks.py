@@ -247,6 +247,26 @@ def test_the_correctness_stage_records_the_references_logit_lead_where_the_token
     assert "reference_margin" not in module.with_margin({}, net, compressed, want, want[:2])  # a shorter answer
 
 
+@pytest.mark.slow
+def test_the_batch_scores_check_compares_each_prompt_alone_and_in_batches(tmp_path):
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    source = Path(resolve_model_path("smollm2-135m"))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (tok / name).write_bytes((source / name).read_bytes())
+    _run("serve_gpu/2026-12-07/batch_scores_gpu.py", str(tmp_path / "out"), str(tok), "tiny")
+    result = json.loads((tmp_path / "out" / "batch_scores_gpu.json").read_text())
+    rows = result["rows"]
+    assert result["device"] == "cpu" and len(rows) == 12
+    assert sum("alone after" in r["case"] for r in rows) == 4 and sum("padded batch" in r["case"] for r in rows) == 4
+    for r in rows:
+        assert r["scores_equal"] == (r["max_score_diff"] == 0.0)
+        # equal scores select the same tokens
+        assert r["selection_equal"] or not r["scores_equal"]
+    table = (tmp_path / "out" / "batch_scores_gpu.md").read_text()
+    assert table.startswith("# A prompt's draft scores") and table.count("\n| ") == 14  # the header, its rule, 12 rows
+
+
 def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the_service_level(tmp_path):
     module = _script("vllm_serve_gpu")
 
