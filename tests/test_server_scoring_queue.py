@@ -35,7 +35,8 @@ QUESTIONS = [
 def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     log = tmp_path_factory.mktemp("server") / "server.log"
     args = ["--model", MODEL, "--device", "cpu", "--max-concurrency", "4", "--max-queue", "4"]
-    proc = start_server([*args, "--scoring-wait-ms", "600000", "--warmup-tokens", "0"], log)
+    queue = ["--scoring-batch-tokens", "16384", "--scoring-wait-ms", "600000"]
+    proc = start_server([*args, *queue, "--warmup-tokens", "0"], log)
     yield proc
     proc.stop()
 
@@ -170,3 +171,19 @@ def test_bad_scoring_settings_are_refused(settings: dict[str, Any], param: str) 
     assert info.value.param == param
     with pytest.raises(InvalidRequestError):
         ServerConfig.from_env({f"SPECPREFILL_{param.upper()}": "maybe"})
+
+
+@pytest.mark.slow
+def test_by_default_the_queue_scores_every_prompt_alone(backend: Any) -> None:
+    """A batch's rounding can change a prompt's selection: batching concurrent prompts is asked for, not assumed."""
+    from server_utils import serve_in_thread
+
+    from specprefill_sdk.scoring import DraftAttentionScorer
+    from specprefill_sdk.server import create_app
+
+    draft = DraftAttentionScorer(backend.loaded)
+    for settings, budget in (({}, 1), ({"scoring_batch_tokens": 16384}, 16384)):
+        config = ServerConfig(max_concurrency=4, warmup_tokens=0, **settings)
+        with serve_in_thread(create_app(config, backend=backend, scorer=draft)) as base:
+            scoring = httpx.get(f"{base}/health", timeout=30).json()["scoring"]
+        assert scoring is not None and scoring["max_batch_tokens"] == budget

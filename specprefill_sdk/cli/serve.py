@@ -199,18 +199,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--scoring-queue",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="score concurrent requests' prompts together in batches (default: on with --max-concurrency above 1)",
+        help="score concurrent requests' prompts through one queue, in arrival order, batched with "
+        "--scoring-batch-tokens (default: on with --max-concurrency above 1)",
     )
     parser.add_argument(
         "--scoring-batch-tokens",
         type=positive_int,
         default=None,
-        help="the most prompt tokens one scoring batch holds (default: the draft's max_batch_tokens, 16384)",
+        help="the most prompt tokens one scoring batch holds, e.g. 16384 (default: every prompt scored alone, so "
+        "that its selection does not depend on the load)",
     )
     parser.add_argument(
         "--scoring-wait-ms",
         type=non_negative_number,
-        help="how long a scoring batch waits for more prompts while other requests run; a request alone never "
+        help="with --scoring-batch-tokens: how long a scoring batch waits for more prompts while other requests "
+        "run; a request alone never "
         f"waits (default: {_D.scoring_wait_ms:g})",
     )
     parser.add_argument("--otel", choices=OTEL_KINDS, help="export traces and metrics (default: none)")

@@ -128,10 +128,13 @@ class ServerConfig:
             compiling happens at start (`ServingEngine.warm_up`); 0: none; None: `default_warmup_tokens`.
         metrics: serve Prometheus metrics at ``GET /metrics`` (``specprefill_sdk.server.metrics``); off:
             that route answers 404. With ``api_keys`` it needs a key, as the ``/v1`` routes do.
-        scoring_queue: score the draft's prompts of concurrent requests together in batches
-            (`specprefill_sdk.scoring.ScoringQueue`); None: on when ``max_concurrency`` is above 1.
-        scoring_batch_tokens: the most prompt tokens one scoring batch holds (None: the draft
-            scorer's ``ExecutionSettings.max_batch_tokens``, 16384 by default).
+        scoring_queue: score the draft's prompts of concurrent requests through one queue, in arrival
+            order (`specprefill_sdk.scoring.ScoringQueue`), batched with ``scoring_batch_tokens``; None:
+            on when ``max_concurrency`` is above 1.
+        scoring_batch_tokens: the most prompt tokens one scoring batch holds; a longer prompt is
+            scored alone. None (the default): every prompt alone, so that a prompt's selection does
+            not depend on what else was scored with it (a batch's rounding can change it); set it
+            (e.g. 16384, the draft's ``ExecutionSettings.max_batch_tokens``) to batch concurrent prompts.
         scoring_wait_ms: how long a scoring batch waits for more prompts while other requests run
             (a request alone on the server never waits).
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs

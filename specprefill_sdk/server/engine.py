@@ -38,11 +38,11 @@ from ..errors import (
     PolicyError,
     SpecPrefillError,
 )
-from ..interfaces import Backend, Executed, ModelScorer, Scorer
+from ..interfaces import Backend, ModelScorer, Scorer
 from ..pipeline import Pipeline
 from ..policies import DEPRECATED_PRESETS, Policy, build_pipeline, list_policies, load_policy, preset_name
 from ..prompt import PromptInput, ToolsInput
-from ..scoring.queue import DEFAULT_MAX_BATCH_TOKENS, QueuedScorer, ScoringQueue
+from ..scoring.queue import QueuedScorer, ScoringQueue
 from ..selection import DenseBelow
 from ..types import (
     Completion,
@@ -276,12 +276,13 @@ class ServingEngine:
         #: The queue every pipeline's draft scorer scores through (None: ``scoring_queue`` is off).
         self.scoring: ScoringQueue | None = None
         if config.scoring_queued and scorer is not None:
-            tokens = config.scoring_batch_tokens
-            if tokens is None:
-                tokens = scorer.execution.max_batch_tokens if isinstance(scorer, Executed) else DEFAULT_MAX_BATCH_TOKENS
-            # A batch waits for more prompts only while more requests run than prompts wait: a
-            # request alone is scored at once.
-            self.scoring = ScoringQueue(tokens, config.scoring_wait_ms, active=lambda: self.admission.stats().running)
+            # By default every prompt is a batch of its own: a prompt scored beside others can keep other
+            # tokens (rounding, docs/server.md), and an answer should not depend on the load. A batch
+            # waits for more prompts only while more requests run than prompts wait: a request alone is
+            # scored at once.
+            self.scoring = ScoringQueue(
+                config.scoring_batch_tokens or 1, config.scoring_wait_ms, active=lambda: self.admission.stats().running
+            )
         self._policy_names = sorted(list_policies())
         if policy in DEPRECATED_PRESETS:
             policy = self.default_policy = preset_name(policy)
