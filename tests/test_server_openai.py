@@ -427,10 +427,56 @@ def test_the_openai_client_skips_keep_alive_comments(slow_url: str) -> None:
     assert texts and texts[-1].choices[0].finish_reason in ("stop", "length")
 
 
+def test_the_kept_positions_are_the_selection_the_pipeline_makes_streamed_or_not(url: str, backend: Any) -> None:
+    from specprefill_sdk.policies import load_pipeline
+    from specprefill_sdk.types import Prompt
+
+    ids = backend.tokenizer(_long_text())["input_ids"]
+    body = {"model": MODEL, "prompt": ids, "max_tokens": 2, "specprefill": {"return_kept_positions": True}}
+    usage = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()["usage"]
+    positions = usage["specprefill"]["kept_positions"]
+    assert len(positions) == usage["specprefill"]["kept_tokens"] < usage["prompt_tokens"] == len(ids)
+    # the reference: the library's pipeline with the server's policy and draft, on the same prompt
+    pipe = load_pipeline("paper", model=MODEL, draft=MODEL, backend=backend, dense_when_slower=False)
+    assert positions == list(pipe.compress(Prompt.from_token_ids(ids)).position_ids)
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    streamed = _sse_payloads(url, "/v1/completions", stream)
+    assert streamed[-1]["usage"]["specprefill"]["kept_positions"] == positions
+    # not asked for: null; dense (enabled false): every position
+    plain = httpx.post(f"{url}/v1/completions", json={**body, "specprefill": {}}, timeout=120).json()["usage"]
+    assert plain["specprefill"]["kept_positions"] is None
+    dense = {"return_kept_positions": True, "enabled": False}
+    whole = httpx.post(f"{url}/v1/completions", json={**body, "specprefill": dense}, timeout=120).json()["usage"]
+    assert whole["specprefill"]["kept_positions"] == list(range(len(ids)))
+
+
+@pytest.mark.parametrize(
+    ("path", "extra", "param"),
+    [
+        ("/v1/completions", {"stream": True}, "specprefill.return_kept_positions"),
+        ("/v1/chat/completions", {"stream": True, "stream_options": {"include_usage": False}}, None),
+        ("/v1/completions", {"specprefill": {"prompt_token_ids": [5, 6], "position_ids": [0, 9]}}, None),
+        ("/v1/chat/completions", {"specprefill": {"conversation_start": True}}, None),
+    ],
+)
+def test_kept_positions_that_could_not_be_returned_are_a_400(
+    url: str, path: str, extra: dict[str, Any], param: str | None
+) -> None:
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 1, **extra}
+    body["specprefill"] = {**body.get("specprefill", {}), "return_kept_positions": True}
+    body["messages" if "chat" in path else "prompt"] = HI if "chat" in path else "Hello there"
+    answer = httpx.post(f"{url}{path}", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and "return_kept_positions" in error["message"]
+    if param is not None:
+        assert error["param"] == param
+
+
 # ----------------------------------------------------------------------------- the wire contract
 #: The fields this server adds to OpenAI's shapes (documented in docs/server.md); any other extra is a defect.
 EXTENSIONS = {"specprefill", "token_ids", "max_model_len", "kept_tokens", "keep_ratio", "score_ms", "prefill_ms"}
-EXTENSIONS |= {"fallback", "reason", "conversation"}
+EXTENSIONS |= {"fallback", "reason", "conversation", "kept_positions"}
 EXTENSIONS |= {"select_ms", "ttft_ms", "admit_ms", "tokenize_ms", "queue_ms", "submit_ms", "server_ms", "host_ms"}
 
 

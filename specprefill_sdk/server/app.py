@@ -425,6 +425,7 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
         shape = _Shape(
             tools=tools is not None and body.tool_choice != "none",
             token_text=TokenText(engine.backend.tokenizer) if body.logprobs else None,
+            kept_positions=_kept_positions(body),
         )
         options = body.specprefill
         if tools is not None and options is not None and (options.conversational or options.precompressed):
@@ -441,7 +442,10 @@ def _add_routes(router: APIRouter, engine: ServingEngine, *, keyed: bool) -> Non
     async def completions(body: CompletionRequest, request: Request) -> Response:
         """Text completion of ``prompt`` (text or token ids), no chat template."""
         engine.check_model(body.model)
-        shape = _Shape(token_text=TokenText(engine.backend.tokenizer) if body.logprobs is not None else None)
+        shape = _Shape(
+            token_text=TokenText(engine.backend.tokenizer) if body.logprobs is not None else None,
+            kept_positions=_kept_positions(body),
+        )
         return await _serve(engine, request, body, _completion_prompt(body.prompt), "text", body.max_tokens, shape)
 
     @router.get("/conversations/{conversation_id}", response_model=ConversationObject, tags=["conversations"])
@@ -590,6 +594,20 @@ class _Shape:
     tools: bool = False
     #: write each token's log-probabilities, with this tokenizer's token texts (None: not asked for)
     token_text: TokenText | None = None
+    #: add the kept prompt positions to usage.specprefill (specprefill.return_kept_positions)
+    kept_positions: bool = False
+
+
+def _kept_positions(body: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether ``body`` asks for its kept positions; refused on a stream without a usage chunk to carry them."""
+    asked = bool(body.specprefill and body.specprefill.return_kept_positions)
+    if asked and body.stream and not (body.stream_options and body.stream_options.include_usage):
+        raise _invalid(
+            "specprefill.return_kept_positions on a stream needs stream_options.include_usage: the positions "
+            "travel in the usage chunk",
+            "specprefill.return_kept_positions",
+        )
+    return asked
 
 
 def _completion_prompt(prompt: Any) -> PromptInput | Prompt | None:
@@ -819,8 +837,11 @@ class _Departure:
             raise
 
 
-def _usage(completion: Completion, turn: Turn | None = None, ctx: RequestContext | None = None) -> UsageInfo:
+def _usage(
+    completion: Completion, turn: Turn | None = None, ctx: RequestContext | None = None, positions: bool = False
+) -> UsageInfo:
     usage = completion.usage
+    selection = completion.selection
     conversation: ConversationUsage | None = ServingEngine.turn_usage(turn) if turn is not None else None
     times = ctx.times if ctx is not None else None
     server = times.get("server") if times is not None else None
@@ -843,7 +864,8 @@ def _usage(completion: Completion, turn: Turn | None = None, ctx: RequestContext
             server_ms=server,
             host_ms=None if server is None else server - timings.score - timings.prefill,
             fallback=completion.fallback,
-            reason=completion.selection.reason if completion.selection is not None else None,
+            reason=selection.reason if selection is not None else None,
+            kept_positions=list(selection.indices) if positions and selection is not None else None,
             conversation=conversation,
         ),
     )
@@ -861,7 +883,7 @@ def _response(
 ) -> dict[str, Any]:
     ids = list(completion.token_ids) if return_ids else None
     created = int(time.time())
-    usage = _usage(completion, turn, ctx).model_dump()
+    usage = _usage(completion, turn, ctx, shape.kept_positions).model_dump()
     token_text, entries = shape.token_text, completion.logprobs
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": completion.text}
@@ -1026,7 +1048,8 @@ async def _events(
                         finish = "tool_calls"
                 yield chunk(None if kind == "chat" else "", finish)
         if include_usage and completion is not None:
-            yield _sse({**base, "choices": [], "usage": _usage(completion, turn, handle.ctx).model_dump()})
+            usage = _usage(completion, turn, handle.ctx, shape.kept_positions)
+            yield _sse({**base, "choices": [], "usage": usage.model_dump()})
         yield "data: [DONE]\n\n"
     except ShuttingDownError as exc:
         logger.info("a stream was ended by the shutdown (request %s)", rid)

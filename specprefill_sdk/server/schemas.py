@@ -196,6 +196,12 @@ class SpecPrefillOptions(_Strict):
         None, ge=1, description="Pre-compressed prompt: the original length n (default: last position + 1)."
     )
     return_token_ids: bool = Field(False, description="Add the generated token ids to each choice.")
+    return_kept_positions: bool = Field(
+        False,
+        description="Add usage.specprefill.kept_positions: the prompt positions the target prefilled (not with a "
+        "pre-compressed prompt, whose positions are those sent, nor in a conversation; a stream needs "
+        "stream_options.include_usage).",
+    )
     conversation_id: str | None = Field(
         None,
         min_length=1,
@@ -218,6 +224,15 @@ class SpecPrefillOptions(_Strict):
     def _pairs(self) -> SpecPrefillOptions:
         if (self.prompt_token_ids is None) != (self.position_ids is None):
             raise ValueError("prompt_token_ids and position_ids go together: give both or neither")
+        if self.return_kept_positions and self.prompt_token_ids is not None:
+            raise ValueError(
+                "return_kept_positions with a pre-compressed prompt: its kept positions are the position_ids sent"
+            )
+        if self.return_kept_positions and (self.conversation_id is not None or self.conversation_start):
+            raise ValueError(
+                "return_kept_positions is not served in a conversation: usage.specprefill.conversation reports "
+                "each turn"
+            )
         return self
 
     @property
@@ -305,6 +320,11 @@ class SpecPrefillUsage(BaseModel):
     )
     fallback: str | None = Field(None, description="Why the request fell back to dense prefill, or null.")
     reason: str | None = Field(None, description="How the kept tokens were chosen, e.g. 'dense below 256 tokens'.")
+    kept_positions: list[int] | None = Field(
+        None,
+        description="With specprefill.return_kept_positions: the positions (from 0, in the prompt) of the tokens "
+        "the target prefilled, ascending; null otherwise.",
+    )
     conversation: ConversationUsage | None = Field(
         None, description="For a conversation kept on the server: its id and what this turn did."
     )
