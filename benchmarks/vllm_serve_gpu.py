@@ -255,11 +255,14 @@ def _complete(base: str, body: dict[str, Any]) -> tuple[list[int], dict[str, Any
     return [int(t) for t in choice.get("token_ids") or []], payload.get("usage") or {}
 
 
-def _stream(base: str, body: dict[str, Any]) -> list[int]:
+def _stream(base: str, body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    """``body`` streamed: the generated ids and the usage chunk's usage."""
     import httpx
 
     ids: list[int] = []
-    with httpx.stream("POST", base + "/v1/completions", json={**body, "stream": True}, timeout=300) as response:
+    usage: dict[str, Any] = {}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=300) as response:
         if response.status_code != 200:
             raise RuntimeError(f"{base}: stream status {response.status_code}: {response.read()[:500]!r}")
         for line in response.iter_lines():
@@ -269,7 +272,17 @@ def _stream(base: str, body: dict[str, Any]) -> list[int]:
                     raise RuntimeError(f"stream error: {event}")
                 for choice in event.get("choices") or []:
                     ids.extend(int(t) for t in choice.get("token_ids") or [])
-    return ids
+                usage = event.get("usage") or usage
+    return ids, usage
+
+
+def with_selection(row: dict[str, Any], usage: dict[str, Any], compressed: Any) -> dict[str, Any]:
+    """``row`` with ``same_selection``: the server kept the reference's positions (``usage.specprefill.
+    kept_positions``). Another selection is another prompt, so the row is not equal without it."""
+    positions = (usage.get("specprefill") or {}).get("kept_positions")
+    row["same_selection"] = positions == list(compressed.position_ids)
+    row["equal"] = bool(row["equal"] and row["same_selection"])
+    return row
 
 
 def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
@@ -323,14 +336,16 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
 
         def check_all(label: str) -> None:
             for i, (ids, (compressed, want)) in enumerate(zip(prompts, reference, strict=True)):
-                body = {**common, "prompt": ids, "specprefill": {"return_token_ids": True}}
+                asked = {"return_token_ids": True, "return_kept_positions": True}
+                body = {**common, "prompt": ids, "specprefill": asked}
                 got, usage = _complete(ours.base, body)
                 kept = (usage.get("specprefill") or {}).get("kept_tokens")
                 row = check(f"{label}: server's selection #{i} vs transformers", compressed, got, want, kept=kept,
                             reference_kept=compressed.kept)  # fmt: skip
-                # another selection is another prompt: its answer is not comparable, whatever the tokens
-                row["equal"] = row["equal"] and kept == compressed.kept
-                check(f"{label}: server's selection #{i}, streamed", compressed, _stream(ours.base, body), want)
+                with_selection(row, usage, compressed)
+                got, usage = _stream(ours.base, body)
+                with_selection(check(f"{label}: server's selection #{i}, streamed", compressed, got, want), usage,
+                               compressed)  # fmt: skip
                 pre = {
                     **common,
                     "specprefill": {
@@ -341,7 +356,7 @@ def stage_correctness(out: Path, tokenizer: Path) -> dict[str, Any]:
                     },
                 }
                 check(f"{label}: pre-compressed #{i} vs transformers", compressed, _complete(ours.base, pre)[0], want)
-                check(f"{label}: pre-compressed #{i}, streamed", compressed, _stream(ours.base, pre), want)
+                check(f"{label}: pre-compressed #{i}, streamed", compressed, _stream(ours.base, pre)[0], want)
 
         check_all("alone")
         stop = threading.Event()
@@ -1296,12 +1311,13 @@ def render(results: dict[str, Any]) -> str:
             lines += [f"Failed: `{corr['error'][:300]}`", ""]
         lines += [f"Model: {corr.get('model')}; greedy, 16 tokens. Logit lead: the reference's (transformers')"
                   " logit of its own token over the served one at the first differing step.", ""]  # fmt: skip
-        lines += ["| case | equal | first divergence | logit lead | kept (served / reference) |",
-                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        lines += ["| case | equal | first divergence | logit lead | kept (served / reference) | same selection |",
+                  "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
         for c in corr.get("checks", []):
             kept = f"{c['kept']} / {c['reference_kept']}" if "reference_kept" in c else "-"
+            same = "-" if "same_selection" not in c else "yes" if c["same_selection"] else "no"
             lines.append(f"| {c['case']} | {'yes' if c['equal'] else 'no'} | {_f(c.get('first_divergence'))} | "
-                         f"{_f(c.get('reference_margin'), 3)} | {kept} |")  # fmt: skip
+                         f"{_f(c.get('reference_margin'), 3)} | {kept} | {same} |")  # fmt: skip
         lines.append("")
     lines += _render_real(results["stages"].get("real"))
     for key, sweep in results["stages"].items():

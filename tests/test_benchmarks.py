@@ -247,6 +247,25 @@ def test_the_correctness_stage_records_the_references_logit_lead_where_the_token
     assert "reference_margin" not in module.with_margin({}, net, compressed, want, want[:2])  # a shorter answer
 
 
+def test_a_served_answer_counts_as_equal_only_with_the_references_selection():
+    from specprefill_sdk.types import CompressedPrompt, Prompt, Selection
+
+    module = _script("vllm_serve_gpu")
+    prompt = Prompt.from_token_ids(list(range(10, 30)))
+    compressed = CompressedPrompt.from_selection(prompt, Selection((0, 3, 4, 19), n=20, protected=(False,) * 4))
+
+    def usage(positions: Any) -> dict[str, Any]:
+        return {"specprefill": {"kept_tokens": 4, "kept_positions": positions}}
+
+    same = module.with_selection({"equal": True}, usage([0, 3, 4, 19]), compressed)
+    assert same == {"equal": True, "same_selection": True}
+    # as many tokens, other positions: the same answer proves nothing
+    other = module.with_selection({"equal": True}, usage([0, 3, 5, 19]), compressed)
+    assert other == {"equal": False, "same_selection": False}
+    # a server that did not say what it kept
+    assert module.with_selection({"equal": True}, {}, compressed)["equal"] is False
+
+
 @pytest.mark.slow
 def test_the_batch_scores_check_compares_each_prompt_alone_and_in_batches(tmp_path):
     tok = tmp_path / "tok"
@@ -284,6 +303,7 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
                 "checks": [
                     {"case": "pre-compressed #0", "equal": False, "first_divergence": 3, "reference_margin": 0.0625},
                     {"case": "selection #0", "equal": False, "first_divergence": 0, "kept": 16, "reference_kept": 150},
+                    {"case": "selection #1", "equal": True, "first_divergence": None, "same_selection": True},
                 ],
             },
             "sweep_llama": {
@@ -318,8 +338,9 @@ def test_the_serving_sweep_takes_the_highest_rate_below_which_every_rate_met_the
     }
     text = module.render(results)
     assert "Where the unloaded TTFT goes" not in text  # no text probe in this run
-    assert "| pre-compressed #0 | no | 3 | 0.062 | - |" in text
-    assert "| selection #0 | no | 0 | - | 16 / 150 |" in text
+    assert "| pre-compressed #0 | no | 3 | 0.062 | - | - |" in text
+    assert "| selection #0 | no | 0 | - | 16 / 150 | - |" in text
+    assert "| selection #1 | yes | - | - | - | yes |" in text
     assert "| 32,768 | 1,200 ms | 2,400 ms |" in text
     # every vanilla rate met the level: it fails at its capacity at the latest, 1 / 1.2 s
     # (no ratio of maxima: neither server missed a rate, so neither maximum was found)

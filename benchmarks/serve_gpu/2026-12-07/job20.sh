@@ -2,9 +2,10 @@
 # The next lease's plan (about 1,400 s of device time with the payload's calls; BUDGET and BUDGET_VANILLA in the
 # environment cut it): what the third lease of 2026-12-07 left unshown for the Llama-3.1-8B / 3.2-1B pair, our
 # server with its defaults (one GPU: the engine core in the server's process; every prompt scored alone).
-# First the correctness stage, whose "beside 16 running streams" rows ran with the scoring queue batching
-# before (about 120 s with a compile cache, 210 s without); then both servers swept at 16K and 8K, which the
-# pair has not had on the current tree (vanilla's maxima there were never found): vanilla starts at 0.6 of its
+# First the correctness stage (about 120 s with a compile cache, 210 s without), whose "beside 16 running
+# streams" rows ran with the scoring queue batching before, and which now checks the server's kept positions
+# against the reference's (return_kept_positions); then both servers swept at 16K and 8K, which the pair has
+# not had on the current tree (vanilla's maxima there were never found): vanilla starts at 0.6 of its
 # capacity, ours at 0.6 of its own, and each length gets an equal share of a server's budget.
 . /tmp/proj/benchmarks/serve_gpu/h200_2026-12-03/env.sh
 cd /tmp/proj
