@@ -79,6 +79,7 @@ NOT_OVERRIDES = {
     "position_ids",
     "prompt_length",
     "return_token_ids",
+    "return_kept_positions",  # what the answer's usage carries (test_the_kept_positions_are_the_selection_...)
     "conversation_id",
     "conversation_start",
     "conversation_strategy",
