@@ -135,8 +135,8 @@ class ServerConfig:
             scored alone. None (the default): every prompt alone, so that a prompt's selection does
             not depend on what else was scored with it (a batch's rounding can change it); set it
             (e.g. 16384, the draft's ``ExecutionSettings.max_batch_tokens``) to batch concurrent prompts.
-        scoring_wait_ms: how long a scoring batch waits for more prompts while other requests run
-            (a request alone on the server never waits).
+        scoring_wait_ms: with ``scoring_batch_tokens``, how long a scoring batch waits for more prompts
+            while other requests run (a request alone on the server never waits).
         host, port, log_level: where ``specprefill serve`` listens and how much uvicorn logs
             (`create_app` builds the application only).
         header_timeout: seconds a connection may take to send a request's head (after it opened, or

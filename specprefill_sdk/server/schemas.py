@@ -224,11 +224,11 @@ class SpecPrefillOptions(_Strict):
     def _pairs(self) -> SpecPrefillOptions:
         if (self.prompt_token_ids is None) != (self.position_ids is None):
             raise ValueError("prompt_token_ids and position_ids go together: give both or neither")
-        if self.return_kept_positions and self.prompt_token_ids is not None:
+        if self.return_kept_positions and self.precompressed:
             raise ValueError(
                 "return_kept_positions with a pre-compressed prompt: its kept positions are the position_ids sent"
             )
-        if self.return_kept_positions and (self.conversation_id is not None or self.conversation_start):
+        if self.return_kept_positions and self.conversational:
             raise ValueError(
                 "return_kept_positions is not served in a conversation: usage.specprefill.conversation reports "
                 "each turn"

@@ -1,7 +1,8 @@
 """Does a prompt's draft selection depend on what else the draft scored? (one GPU, no vLLM needed)
 
-The served engine's scoring queue scores concurrent prompts in one `score_batch` call, left-padded to the
-longest; a prompt scored alone can also follow longer prompts whose look-ahead buffers the scorer keeps.
+With `--scoring-batch-tokens` the server's scoring queue scores concurrent prompts in one `score_batch` call,
+left-padded to the longest; a prompt scored alone can also follow longer prompts whose look-ahead buffers the
+scorer keeps.
 This scores random-id prompts with the Llama-3.2-1B architecture (random weights, bf16, the server's
 draft settings) under the paper policy and compares each prompt's scores and selection:
 
@@ -32,6 +33,7 @@ from specprefill_sdk.types import Prompt
 
 
 def random_ids(n: int, seed: int, high: int = 49152) -> list[int]:
+    """Python's generator, not `vllm_serve_gpu.random_ids`'s numpy one: the prompts of the committed run."""
     rng = random.Random(seed)
     return [rng.randrange(3, high) for _ in range(n)]
 
