@@ -41,12 +41,13 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     proc.stop()
 
 
-def _health(server: ServerProcess) -> dict[str, Any]:
-    return dict(httpx.get(f"{server.base}/health", timeout=30).json())
+def _health(server: ServerProcess | str) -> dict[str, Any]:
+    base = server if isinstance(server, str) else server.base
+    return dict(httpx.get(f"{base}/health", timeout=30).json())
 
 
-def _until(server: ServerProcess, predicate: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
-    """Poll ``/health`` (bounded: about 5 minutes) until ``predicate`` holds."""
+def _until(server: ServerProcess | str, predicate: Callable[[dict[str, Any]], bool], what: str) -> dict[str, Any]:
+    """Poll ``/health`` of a server or a base URL (bounded: about 5 minutes) until ``predicate`` holds."""
     for _ in range(1500):
         health = _health(server)
         if predicate(health):
@@ -182,8 +183,36 @@ def test_by_default_the_queue_scores_every_prompt_alone(backend: Any) -> None:
     from specprefill_sdk.server import create_app
 
     draft = DraftAttentionScorer(backend.loaded)
-    for settings, budget in (({}, 1), ({"scoring_batch_tokens": 16384}, 16384)):
-        config = ServerConfig(max_concurrency=4, warmup_tokens=0, **settings)
-        with serve_in_thread(create_app(config, backend=backend, scorer=draft)) as base:
-            scoring = httpx.get(f"{base}/health", timeout=30).json()["scoring"]
-        assert scoring is not None and scoring["max_batch_tokens"] == budget
+    batching = ServerConfig(max_concurrency=4, warmup_tokens=0, scoring_batch_tokens=16384)
+    with serve_in_thread(create_app(batching, backend=backend, scorer=draft)) as base:
+        assert _health(base)["scoring"]["max_batch_tokens"] == 16384
+
+    # The wait for more prompts is set to minutes, as in the batching test above: with a stream decoding,
+    # three prompts that arrive together would wait there until it ended. By default none waits.
+    config = ServerConfig(max_concurrency=4, warmup_tokens=0, scoring_wait_ms=600000)
+    with serve_in_thread(create_app(config, backend=backend, scorer=draft)) as base:
+        assert _health(base)["scoring"]["max_batch_tokens"] == 1
+        with httpx.Client(timeout=600) as client:
+            # past its end-of-sequence token too: the stream decodes until the test closes it
+            holder = {**_body("Count from 1 to 5000, one number per line.", 4000, stream=True), "ignore_eos": True}
+            with client.stream("POST", f"{base}/v1/chat/completions", json=holder) as stream:
+                lines = stream.iter_lines()
+                assert next(line for line in lines if line.startswith("data: "))
+                answers: list[httpx.Response] = []
+                askers = [
+                    threading.Thread(
+                        target=lambda q: answers.append(client.post(f"{base}/v1/chat/completions", json=_body(q, 4))),
+                        args=(question,),
+                    )
+                    for question in QUESTIONS
+                ]
+                for asker in askers:
+                    asker.start()
+                for asker in askers:
+                    asker.join(300)
+                # every answer came while the stream still decodes: no prompt waited for a batch
+                health = _health(base)
+                assert health["running"] == 1, health
+        assert [a.status_code for a in answers] == [200, 200, 200], [a.text for a in answers]
+        scoring = health["scoring"]
+        assert (scoring["batches"], scoring["prompts"], scoring["largest_batch"]) == (4, 4, 1), scoring
