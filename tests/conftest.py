@@ -12,10 +12,10 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 @pytest.fixture(scope="session")
 def smollm():
-    """The bundled SmolLM2-135M-Instruct on CPU in bf16 (a `LoadedModel`)."""
+    """The bundled SmolLM2-135M-Instruct on CPU, ``dtype="auto"``: bf16 where the CPU has bf16 instructions."""
     from specprefill_sdk.models import load_model
 
-    return load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
+    return load_model("smollm2-135m", device="cpu", dtype="auto", progress=False)
 
 
 @pytest.fixture(scope="session")

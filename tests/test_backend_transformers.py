@@ -374,5 +374,5 @@ def test_backend_properties(backend16, smollm) -> None:
     assert backend16.capabilities.supports_position_ids and backend16.capabilities.supports_sessions
     with pytest.raises(InvalidRequestError, match="device"):
         TransformersBackend(smollm, device="meta")
-    by_name = TransformersBackend("smollm2-135m", device="cpu", dtype="bfloat16")
+    by_name = TransformersBackend("smollm2-135m", device="cpu", dtype="auto")
     assert by_name.loaded is smollm  # loading by name shares the process-wide model

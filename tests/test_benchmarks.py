@@ -267,6 +267,20 @@ def test_a_served_answer_counts_as_equal_only_with_the_references_selection():
 
 
 @pytest.mark.slow
+def test_the_cpu_dtype_benchmark_times_both_dtypes_and_names_the_one_auto_loads(tmp_path):
+    from specprefill_sdk.models import cpu_has_native_bf16
+
+    _run("cpu_dtype.py", "--tokens", "8", "--repeats", "1", "--out", str(tmp_path), "--name", "x")
+    result = json.loads((tmp_path / "x.json").read_text())
+    assert set(result["median_ms"]) == {f"{k}_{d}" for k in ("matmul", "prefill") for d in ("float32", "bfloat16")}
+    assert all(ms > 0 for ms in result["median_ms"].values())
+    assert result["machine"]["native_bf16"] == cpu_has_native_bf16()
+    assert result["auto_dtype"] == ("bfloat16" if cpu_has_native_bf16() else "float32")
+    table = (tmp_path / "x.md").read_text()
+    assert f"loads **{result['auto_dtype']}**" in table and table.count("\n| ") == 4  # header, rule, two steps
+
+
+@pytest.mark.slow
 def test_the_batch_scores_check_compares_each_prompt_alone_and_in_batches(tmp_path):
     tok = tmp_path / "tok"
     tok.mkdir()

@@ -274,7 +274,7 @@ def accuracy_file(tmp_path_factory: pytest.TempPathFactory, smollm: Any) -> Path
                 generate=False,
                 seed=seed,
                 device="cpu",
-                dtype="bfloat16",
+                dtype="auto",
             ),
             progress=False,
             target=smollm,
@@ -316,7 +316,7 @@ def test_a_real_run_on_cpu_scores_selects_chooses_and_writes_the_policy(tmp_path
     before = policy.read_text()
     cache = tmp_path / "scores.pt"
     argv = [
-        "--accuracy", str(accuracy_file), "--policy", str(policy), "--device", "cpu", "--dtype", "bfloat16",
+        "--accuracy", str(accuracy_file), "--policy", str(policy), "--device", "cpu", "--dtype", "auto",
         "--coverage", "0.5", "0.9", "--min-rate", "0.05", "--min-tokens", "0", "--max-rate", "0.4",
         "--cap-short", "0.5", "--scores-cache", str(cache), "--no-progress", "--workers", "1",
         "--out", str(tmp_path / "out"), "--write-policy", str(policy),

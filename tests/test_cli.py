@@ -304,7 +304,7 @@ def test_run_human_output_streams_the_answer_then_statistics(smollm, tmp_path: P
             "--device",
             "cpu",
             "--dtype",
-            "bfloat16",
+            "auto",
         ]
     )
     out, err = capsys.readouterr()

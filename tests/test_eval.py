@@ -370,7 +370,7 @@ def test_eval_runs_end_to_end_on_smollm2(smollm, tmp_path):
             "--device",
             "cpu",
             "--dtype",
-            "bfloat16",
+            "auto",
             "--max-new-tokens",
             "12",
         ]
@@ -468,7 +468,7 @@ def test_policy_methods_run_once_with_what_users_get(smollm, tmp_path):
     cli.add_arguments(parser)
     common = ["--tasks", "niah_single", "--lengths", "512", "--samples", "1", "--keep-rates", "0.1", "0.3"]
     common += ["--methods", "draft-chunked", "policy:paper", "auto", "policy:auto", "--no-progress", "--device", "cpu"]
-    common += ["--dtype", "bfloat16", "--max-new-tokens", "4", "--out", str(tmp_path), "--no-plot"]
+    common += ["--dtype", "auto", "--max-new-tokens", "4", "--out", str(tmp_path), "--no-plot"]
     for seed in (0, 1):
         assert cli.main(parser.parse_args([*common, "--seed", str(seed), "--name", f"s{seed}"])) == 0
     data = json.loads((tmp_path / "s0.json").read_text())

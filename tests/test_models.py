@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from specprefill_sdk import BUNDLED_MODELS, ModelLoadError, load_model
-from specprefill_sdk.models import resolve_dtype, resolve_model_path
+from specprefill_sdk.models import cpu_has_native_bf16, resolve_dtype, resolve_model_path
 
 
 def test_unknown_model_lists_the_bundled_ones() -> None:
@@ -30,8 +30,29 @@ def test_missing_gguf_and_folder_without_config(tmp_path: Path) -> None:
         resolve_model_path(str(tmp_path / "notes.txt"))
 
 
+X86_FLAGS = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx avx2 fma{}\nbugs\t\t: sysret_ss_attrs\n"
+ARM_FEATURES = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes sha2 crc32 atomics{}\nCPU implementer\t: 0x41\n"
+
+
+def test_auto_dtype_is_bf16_only_where_the_cpu_has_bf16_instructions() -> None:
+    # an AVX2-only x86 CPU multiplies bf16 matrices tens of times slower than fp32: auto loads fp32 there
+    assert not cpu_has_native_bf16(X86_FLAGS.format(""))
+    assert not cpu_has_native_bf16(X86_FLAGS.format(" avx512f avx512bw avx512vl"))
+    assert cpu_has_native_bf16(X86_FLAGS.format(" avx512f avx512_bf16"))
+    assert cpu_has_native_bf16(X86_FLAGS.format(" amx_tile amx_bf16 amx_int8"))
+    assert cpu_has_native_bf16(ARM_FEATURES.format(" sve bf16 i8mm"))
+    assert not cpu_has_native_bf16(ARM_FEATURES.format(""))
+    assert not cpu_has_native_bf16("")  # nothing to read (no /proc/cpuinfo): fp32
+    assert not cpu_has_native_bf16("model name\t: a bf16 in the name is not a flag\n")
+    native = cpu_has_native_bf16()
+    assert native == cpu_has_native_bf16(Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else "")
+    assert resolve_dtype("auto", "cpu") is (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype(None, "cpu") is resolve_dtype("auto", "cpu")
+    assert resolve_dtype("auto", "cuda") is torch.bfloat16
+
+
 def test_dtype_names() -> None:
-    assert resolve_dtype("auto", "cpu") is torch.bfloat16
+    assert resolve_dtype("bfloat16", "cpu") is torch.bfloat16
     assert resolve_dtype("float32", "cpu") is torch.float32
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         resolve_dtype("int3", "cpu")
@@ -44,7 +65,7 @@ def test_bundled_registry_names_install_commands() -> None:
 
 @pytest.mark.slow
 def test_bundled_default_loads_once_and_is_shared(smollm) -> None:
-    again = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
+    again = load_model("smollm2-135m", device="cpu", dtype="auto", progress=False)
     assert again is smollm
     assert smollm.max_context == 8192
     assert 2 in smollm.eos_token_ids
@@ -53,7 +74,7 @@ def test_bundled_default_loads_once_and_is_shared(smollm) -> None:
 
 @pytest.mark.slow
 def test_local_folder_loads_from_its_path(smollm) -> None:
-    lm = load_model(smollm.source, device="cpu", dtype="bfloat16", progress=False)
+    lm = load_model(smollm.source, device="cpu", dtype="auto", progress=False)
     assert lm.model.config.num_hidden_layers == 30
     assert lm.tokenizer.is_fast
 

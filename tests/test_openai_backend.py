@@ -254,7 +254,7 @@ def test_connection_refused_gives_backend_unavailable(tok: Any) -> None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     log = tmp_path_factory.mktemp("server") / "server.log"
-    proc = start_server(["--model", MODEL, "--device", "cpu", "--dtype", "bfloat16", "--api-key", KEY], log)
+    proc = start_server(["--model", MODEL, "--device", "cpu", "--dtype", "auto", "--api-key", KEY], log)
     yield proc
     proc.stop()
 

@@ -347,7 +347,7 @@ def test_load_pipeline_and_the_server_pass_compile_to_the_backend_and_the_draft_
     pipe = load_pipeline("paper", model=smollm, execution=ExecutionSettings(compile=True))
     assert pipe.backend.execution.compile and pipe.scorer.execution.compile  # type: ignore[attr-defined]
     assert not load_pipeline("paper", model=smollm).scorer.execution.compile  # type: ignore[attr-defined]
-    app = create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", compile=True))
+    app = create_app(ServerConfig(model="smollm2-135m", device="cpu", dtype="auto", compile=True))
     engine = app.state.engine
     assert engine.backend.execution.compile and engine._base_scorer.execution.compile
     per_request = scorer_for(load_policy("paper").with_overrides(look_ahead=2), engine._base_scorer, engine.backend)

@@ -127,7 +127,7 @@ def tool_tokenizer(folder: Path) -> Any:
 
 @pytest.fixture(scope="module")
 def server(folder: Path) -> Iterator[ServerProcess]:
-    args = ["--model", str(folder), "--device", "cpu", "--dtype", "bfloat16", "--policy", "paper"]
+    args = ["--model", str(folder), "--device", "cpu", "--dtype", "auto", "--policy", "paper"]
     proc = start_server([*args, "--served-model-name", "tools", "--max-output-tokens", "40"], folder / "server.log")
     yield proc
     proc.stop()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 #: How the adapters build pipelines by name in the tests: the same loaded model as the session fixtures.
-MODEL_SETTINGS = {"model": "smollm2-135m", "device": "cpu", "dtype": "bfloat16"}
+MODEL_SETTINGS = {"model": "smollm2-135m", "device": "cpu", "dtype": "auto"}
 
 _STOPWORDS = frozenset(
     (

@@ -45,6 +45,6 @@ def server_base(smollm):
 
     from specprefill_sdk.server import ServerConfig, create_app
 
-    config = ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", policy="paper")
+    config = ServerConfig(model="smollm2-135m", device="cpu", dtype="auto", policy="paper")
     with serve_in_thread(create_app(config)) as base:
         yield base

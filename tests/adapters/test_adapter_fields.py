@@ -96,7 +96,7 @@ def test_model_settings_reach_the_pipeline(component, smollm) -> None:
     from specprefill_sdk.models import cache_dir
 
     same = component(**MODEL_SETTINGS, keep_rate=0.25).get_pipeline()
-    assert same.backend.loaded is smollm  # device cpu, bfloat16: the model the fixtures loaded
+    assert same.backend.loaded is smollm  # device cpu, dtype auto: the model the fixtures loaded
     assert same.scorer.loaded is smollm  # no draft: the target's weights score
     assert _find(same.selector, KeepRate).rate == 0.25
 

@@ -112,7 +112,7 @@ async def test_sdk_deployment_hook_against_our_server(paper_pipeline, essay) -> 
 
     messages = [{"role": "user", "content": essay[:1500] + "\n" + QUESTION}]
     saved = list(litellm.callbacks)
-    config = ServerConfig(model="smollm2-135m", device="cpu", dtype="bfloat16", policy="paper")
+    config = ServerConfig(model="smollm2-135m", device="cpu", dtype="auto", policy="paper")
     with serve_in_thread(create_app(config)) as base:
         try:
             litellm.callbacks = [
