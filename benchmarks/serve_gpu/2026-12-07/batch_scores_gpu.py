@@ -80,7 +80,8 @@ def main() -> int:
         else serving.llama_dir("1b", tokenizer, weights=True)
     )
     policy = load_policy("paper")
-    scorer = policy.build_scorer(str(path), device=device, dtype="bfloat16")
+    # bf16 on the GPU, as served; the CPU check takes what "auto" loads (fp32 where the CPU lacks bf16 instructions)
+    scorer = policy.build_scorer(str(path), device=device, dtype="auto" if tiny else "bfloat16")
     scorer.warmup()
     selector = policy.build_selector()
     prompts = {n: Prompt.from_token_ids(random_ids(n, seed=n)) for n in (1500, 2200, 3000, 4000)}
