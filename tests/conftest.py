@@ -19,6 +19,14 @@ def smollm():
 
 
 @pytest.fixture(scope="session")
+def smollm_bf16():
+    """SmolLM2 in bf16 whatever the CPU, for what bf16 itself must do (on a CPU with bf16 instructions: ``smollm``)."""
+    from specprefill_sdk.models import load_model
+
+    return load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
+
+
+@pytest.fixture(scope="session")
 def smollm_fp32():
     """SmolLM2 in float32, for comparisons against slow references at tight tolerances."""
     from specprefill_sdk.models import load_model

@@ -121,9 +121,12 @@ def test_lean_backend_prefill_equals_the_modules_then_decodes_the_same(smollm, t
     keep = tuple(sorted({*range(0, prompt.n, 3), prompt.n - 1}))
     compressed = CompressedPrompt.from_selection(prompt, Selection(keep, prompt.n, (False,) * len(keep)))
     a, b = lean.prefill(compressed), modules.prefill(compressed)
-    # The last layer runs its output part for the last row only: in float32 (the tiny model) a product
-    # of one row may round differently from the same row inside a larger product.
-    torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0 if kind == "smollm" else 1e-6)
+    # The last layer runs its output part for the last row only: in float32 (the tiny model, and SmolLM2 where
+    # "auto" loads fp32) a product of one row may round differently from the same row inside a larger one.
+    if loaded.model.dtype == torch.bfloat16:
+        torch.testing.assert_close(a.logits, b.logits, rtol=0, atol=0)
+    else:
+        torch.testing.assert_close(a.logits, b.logits, rtol=1e-5, atol=1e-6)
     for layer_a, layer_b in zip(a.cache.layers, b.cache.layers, strict=True):
         torch.testing.assert_close(layer_a.keys, layer_b.keys, rtol=0, atol=0)
         torch.testing.assert_close(layer_a.values, layer_b.values, rtol=0, atol=0)

@@ -85,8 +85,8 @@ def test_a_norm_with_another_formula_keeps_its_forward() -> None:
     assert type(model[0]) is OffsetRMSNorm and type(model[1]) is not CountingRMSNorm
 
 
-def test_smollm_norms_are_fused_and_bf16_results_equal_transformers(smollm) -> None:
-    model = copy.deepcopy(smollm.model)
+def test_smollm_norms_are_fused_and_bf16_results_equal_transformers(smollm_bf16) -> None:
+    model = copy.deepcopy(smollm_bf16.model)
     layers = model.config.num_hidden_layers
     assert install_fused_norms(model) == 2 * layers + 1
     norm = model.model.layers[3].post_attention_layernorm
@@ -109,7 +109,7 @@ def test_scores_with_and_without_fused_norms_agree(smollm_fp32, essay, look_ahea
     torch.testing.assert_close(fused.values, plain.values, rtol=1e-4, atol=1e-7)
 
 
-def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monkeypatch) -> None:
+def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm_bf16, essay, monkeypatch) -> None:
     import specprefill_sdk.runtime.norms as norms
     from specprefill_sdk.backends import TransformersBackend
     from specprefill_sdk.types import CompressedPrompt, Prompt
@@ -122,17 +122,17 @@ def test_the_backend_runs_fused_norms_in_its_own_passes_only(smollm, essay, monk
         return original(module, hidden_states)
 
     monkeypatch.setattr(norms, "_fused", counting)
-    prompt = CompressedPrompt.dense(Prompt.from_token_ids(smollm.tokenizer(essay[:800])["input_ids"]))
+    prompt = CompressedPrompt.dense(Prompt.from_token_ids(smollm_bf16.tokenizer(essay[:800])["input_ids"]))
     modules = ExecutionSettings(lean=False)  # the passes run through the model's modules
-    fused = TransformersBackend(smollm, execution=modules).prefill(prompt)
-    per_pass = 2 * smollm.model.config.num_hidden_layers + 1
+    fused = TransformersBackend(smollm_bf16, execution=modules).prefill(prompt)
+    per_pass = 2 * smollm_bf16.model.config.num_hidden_layers + 1
     assert len(calls) == per_pass
-    plain = TransformersBackend(smollm, execution=ExecutionSettings(fused_norms=False, lean=False)).prefill(prompt)
+    plain = TransformersBackend(smollm_bf16, execution=ExecutionSettings(fused_norms=False, lean=False)).prefill(prompt)
     assert len(calls) == per_pass  # the other backend's passes ran transformers' norms
     torch.testing.assert_close(fused.logits, plain.logits, rtol=0, atol=0)  # bf16 on CPU: bitwise
     for norm in (True, False):  # the lean prefill computes the same norms without the modules
-        lean = TransformersBackend(smollm, execution=ExecutionSettings(fused_norms=norm)).prefill(prompt)
+        lean = TransformersBackend(smollm_bf16, execution=ExecutionSettings(fused_norms=norm)).prefill(prompt)
         torch.testing.assert_close(lean.logits, fused.logits, rtol=0, atol=0)
     with torch.inference_mode():
-        smollm.model(input_ids=torch.tensor([prompt.token_ids[:16]]))
+        smollm_bf16.model(input_ids=torch.tensor([prompt.token_ids[:16]]))
     assert len(calls) == per_pass  # a plain call of the model outside the backend
