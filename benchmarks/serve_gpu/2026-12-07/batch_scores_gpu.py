@@ -10,7 +10,8 @@ draft settings) under the paper policy and compares each prompt's scores and sel
 - alone against in a batch with longer prompts (padded) and with prompts of its own length (unpadded).
 
 Usage (on the device, the checkout on PYTHONPATH): python3 batch_scores_gpu.py OUT_DIR TOKENIZER_DIR
-(a third argument, ``tiny``, runs the same on a 4-layer random Llama on the CPU: a check of the script).
+(a third argument, ``tiny``, runs the same on a 4-layer random Llama on the CPU at a fifth of the lengths: a
+check of the script).
 ``python3 batch_scores_gpu.py --render RESULT.json`` writes RESULT.md from a run's JSON.
 """
 
@@ -31,6 +32,10 @@ import vllm_serve_gpu as serving
 from specprefill_sdk.policies import load_policy
 from specprefill_sdk.types import Prompt
 
+#: The prompts' lengths and the longer prompts' on the GPU, and in the CPU check of the script.
+GPU_LENGTHS, GPU_LONGER = (1500, 2200, 3000, 4000), 6000
+TINY_LENGTHS, TINY_LONGER = (300, 440, 600, 800), 1200
+
 
 def random_ids(n: int, seed: int, high: int = 49152) -> list[int]:
     """Python's generator, not `vllm_serve_gpu.random_ids`'s numpy one: the prompts of the committed run."""
@@ -47,8 +52,9 @@ def render(result: dict[str, Any]) -> str:
         "the device the vLLM payload's `/tmp/site` for pydantic, on `PYTHONPATH`).",
         "",
         f"Draft: {result['draft']}; scorer `{result['scorer']}` (the paper policy's), `{result['execution']}`; "
-        "selection: the paper policy (keep 0.1, chunks of 32). Random-id prompts of 1,500 / 2,200 / 3,000 / 4,000 "
-        "tokens, each first scored alone in a fresh scorer; each batch puts it first beside three other prompts.",
+        "selection: the paper policy (keep 0.1, chunks of 32). Random-id prompts of "
+        f"{' / '.join(f'{n:,}' for n in result.get('lengths', GPU_LENGTHS))} tokens, each first scored alone in a "
+        "fresh scorer; each batch puts it first beside three other prompts.",
         "",
         "| case | scores bitwise equal | largest score difference | look-ahead tokens equal | selection equal |",
         "| --- | --- | ---: | --- | --- |",
@@ -84,8 +90,10 @@ def main() -> int:
     scorer = policy.build_scorer(str(path), device=device, dtype="auto" if tiny else "bfloat16")
     scorer.warmup()
     selector = policy.build_selector()
-    prompts = {n: Prompt.from_token_ids(random_ids(n, seed=n)) for n in (1500, 2200, 3000, 4000)}
-    longer = [Prompt.from_token_ids(random_ids(6000, seed=100 + k)) for k in range(3)]
+    # the CPU check runs a fifth of the lengths: it checks the script, and the GPU run's lengths take minutes there
+    lengths, long_n = (TINY_LENGTHS, TINY_LONGER) if tiny else (GPU_LENGTHS, GPU_LONGER)
+    prompts = {n: Prompt.from_token_ids(random_ids(n, seed=n)) for n in lengths}
+    longer = [Prompt.from_token_ids(random_ids(long_n, seed=100 + k)) for k in range(3)]
     same = {n: [Prompt.from_token_ids(random_ids(n, seed=n + 1 + k)) for k in range(3)] for n in prompts}
 
     def compare(a: Any, b: Any, p: Prompt) -> dict[str, Any]:
@@ -100,18 +108,19 @@ def main() -> int:
     first = {}
     for n, p in prompts.items():  # shortest first: each alone with buffers no larger than its own
         first[n] = scorer.score(p)
-    scorer.score(longer[0])  # buffers for 6,000 tokens now kept
+    scorer.score(longer[0])  # buffers for the longer prompt now kept
     for n, p in prompts.items():
         again = compare(scorer.score(p), first[n], p)
-        rows.append({"case": f"{n}: alone after a 6,000-token prompt vs alone first", **again})
+        rows.append({"case": f"{n}: alone after a {long_n:,}-token prompt vs alone first", **again})
     for n, p in prompts.items():
-        rows.append({"case": f"{n}: in a padded batch with three 6,000-token prompts vs alone",
+        rows.append({"case": f"{n}: in a padded batch with three {long_n:,}-token prompts vs alone",
                      **compare(scorer.score_batch([p, *longer])[0], first[n], p)})  # fmt: skip
         rows.append({"case": f"{n}: in a batch with three prompts of its length vs alone",
                      **compare(scorer.score_batch([p, *same[n]])[0], first[n], p)})  # fmt: skip
     result = {"device": "cpu" if tiny else torch.cuda.get_device_name(),
               "draft": "tiny random Llama" if tiny else "Llama-3.2-1B architecture, random weights, bf16",
-              "scorer": repr(scorer), "execution": repr(scorer.execution), "rows": rows}  # fmt: skip
+              "scorer": repr(scorer), "execution": repr(scorer.execution), "lengths": list(lengths),
+              "longer": long_n, "rows": rows}  # fmt: skip
     (out / "batch_scores_gpu.json").write_text(json.dumps(result, indent=1))
     (out / "batch_scores_gpu.md").write_text(render(result))
     for r in rows:
