@@ -81,8 +81,10 @@ def use_tree(tree: str | Path) -> Path:
 __all__ = [
     "RESULTS",
     "ROOT",
+    "add_dtype_arg",
     "add_output_args",
     "command_line",
+    "dtype_name",
     "median_ms",
     "save_figure",
     "setup_logging",
@@ -97,6 +99,21 @@ def add_output_args(parser: argparse.ArgumentParser, name: str, out: str | Path 
     """``--out`` (the results folder) and ``--name`` (the results' file stem)."""
     parser.add_argument("--out", default=str(out), help=f"results folder (default: {out})")
     parser.add_argument("--name", default=name, help=f"file stem of the results (default: {name})")
+
+
+def add_dtype_arg(parser: argparse.ArgumentParser) -> None:
+    """``--dtype``, by default ``auto``: what the library loads on this machine (`resolve_dtype`)."""
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        help="the models' dtype (default: auto, what a user gets: bf16 on a CPU with bf16 matrix instructions, "
+        "else float32)",
+    )
+
+
+def dtype_name(dtype: Any) -> str:
+    """A loaded dtype as the results name it: ``bfloat16``, ``float32``."""
+    return str(dtype).removeprefix("torch.")
 
 
 def setup_logging(stream: Any = None) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS, save_figure, setup_logging, write_results
+from _common import RESULTS, add_dtype_arg, dtype_name, save_figure, setup_logging, write_results
 
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.corpora import haystack
@@ -208,7 +208,7 @@ def main() -> None:
     parser.add_argument("--keep-rate", type=float, default=0.2)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--dtype", default="bfloat16")
+    add_dtype_arg(parser)
     parser.add_argument("--target", default="smollm2-135m", help="target model spec")
     parser.add_argument("--draft", default=None, help="draft model spec (default: the target)")
     parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=STRATEGIES)
@@ -232,7 +232,7 @@ def main() -> None:
         "keep_rate": args.keep_rate,
         "max_tokens": args.max_tokens,
         "threads": args.threads,
-        "dtype": args.dtype,
+        "dtype": dtype_name(loaded.dtype),
         "torch": torch.__version__,
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
         f"{platform.python_version()}",

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS, write_json
+from _common import RESULTS, add_dtype_arg, dtype_name, write_json
 
 from specprefill_sdk.eval.corpora import haystack
 from specprefill_sdk.models import LoadedModel, cache_argument, load_model
@@ -69,7 +69,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=2048)
-    parser.add_argument("--dtype", default="bfloat16")
+    add_dtype_arg(parser)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--out", default=str(RESULTS / "scoring_cpu.json"))
     args = parser.parse_args()
@@ -111,7 +111,7 @@ def main() -> int:
     report = {
         "benchmark": "scoring_cpu",
         "model": args.model,
-        "dtype": args.dtype,
+        "dtype": dtype_name(loaded.dtype),
         "tokens": args.tokens,
         "repeats": args.repeats,
         "look_ahead": 8,

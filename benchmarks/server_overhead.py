@@ -29,9 +29,10 @@ from typing import Any
 
 import httpx
 import torch
-from _common import RESULTS, start_server, write_json
+from _common import RESULTS, add_dtype_arg, dtype_name, start_server, write_json
 
 from specprefill_sdk.eval.corpora import haystack
+from specprefill_sdk.models import resolve_dtype
 from specprefill_sdk.policies import load_pipeline
 
 MODEL = "smollm2-135m"
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-repeats", type=int, default=21, help="timed calls per side, one-line prompt")
     parser.add_argument("--no-short", action="store_true", help="skip the one-line prompt (fixed per-request cost)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="bfloat16")
+    add_dtype_arg(parser)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         "of the paired differences server - in-process",
         "model": MODEL,
         "device": args.device,
-        "dtype": args.dtype,
+        "dtype": dtype_name(resolve_dtype(args.dtype, args.device)),  # what both sides loaded
         "chars": args.chars,
         "workloads": {label: {"policy": policy, "messages": len(m)} for label, policy, m in workloads},
         "repeats": args.repeats,

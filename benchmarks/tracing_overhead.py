@@ -15,8 +15,9 @@ Two workloads:
 - ``stages``: in-process stages that do almost nothing (a recency scorer, a last-quarter selector, a
   backend that returns a fixed completion) on a 256-token prompt, so that the time is the pipeline's
   own bookkeeping plus its telemetry: the upper bound of what tracing adds to a call;
-- ``smollm2``: the ``paper`` policy on the bundled SmolLM2-135M (CPU, bf16): draft scoring with
-  look-ahead, chunked selection, sparse prefill and one generated token, on a short chat prompt.
+- ``smollm2``: the ``paper`` policy on the bundled SmolLM2-135M (CPU, ``--dtype``, by default ``auto``):
+  draft scoring with look-ahead, chunked selection, sparse prefill and one generated token, on a short
+  chat prompt.
 
 Usage::
 
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import RESULTS, write_results
+from _common import RESULTS, add_dtype_arg, dtype_name, write_results
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -222,11 +223,11 @@ def bench_stages(n: int) -> dict[str, Any]:
     return _workload("stages", "256-token prompt, no-op stages: the pipeline's own work", times, spans)
 
 
-def bench_smollm2(n: int) -> dict[str, Any]:
+def bench_smollm2(n: int, dtype: str = "auto") -> dict[str, Any]:
     from specprefill_sdk import load_model, load_pipeline
     from specprefill_sdk.eval.corpora import haystack
 
-    lm = load_model("smollm2-135m", device="cpu", dtype="bfloat16", progress=False)
+    lm = load_model("smollm2-135m", device="cpu", dtype=dtype, progress=False)
     pipes, rec = _three_pipelines(lambda **providers: load_pipeline("paper", model=lm, **providers))
     messages = [{"role": "user", "content": haystack(600) + "\n\nIn one word, what is this text about?"}]
     prompt_tokens = pipes["no-sdk"].prompt(messages).n
@@ -234,7 +235,8 @@ def bench_smollm2(n: int) -> dict[str, Any]:
         times, spans = _run(pipes, rec, messages, n, warmup=2)
     return _workload(
         "smollm2",
-        f"paper policy on SmolLM2-135M (CPU, bf16), {prompt_tokens}-token chat prompt, 1 generated token",
+        f"paper policy on SmolLM2-135M (CPU, {dtype_name(lm.dtype)}), {prompt_tokens}-token chat prompt, 1 generated "
+        "token",
         times,
         spans,
     )
@@ -330,6 +332,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--stage-calls", type=int, default=3000, help="timed calls per mode, no-op stages")
     parser.add_argument("--model-calls", type=int, default=40, help="timed calls per mode, SmolLM2 pipeline")
+    add_dtype_arg(parser)
     parser.add_argument(
         "--out",
         type=Path,
@@ -338,6 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown from a results JSON")
     args = parser.parse_args(argv)
+    # the markdown quotes quantiles of each mode's times, which need two calls at least
+    if args.stage_calls < 2 or args.model_calls == 1 or args.model_calls < 0:
+        parser.error("--stage-calls must be 2 or more, --model-calls 0 (no SmolLM2 workload) or 2 or more")
     if args.render:
         result = json.loads(args.render.read_text())
         (args.render.parent / "tracing_overhead.md").write_text(_markdown(result))
@@ -347,7 +353,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environment = _environment()
     workloads = [bench_stages(args.stage_calls)]
     if args.model_calls > 0:
-        workloads.append(bench_smollm2(args.model_calls))
+        workloads.append(bench_smollm2(args.model_calls, args.dtype))
     result = {"benchmark": "tracing_overhead", "environment": environment, "workloads": workloads}
     sys.stdout.write(write_results(args.out, "tracing_overhead", result, _markdown, indent=2))
     return 0

